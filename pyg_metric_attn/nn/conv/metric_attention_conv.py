@@ -1,0 +1,405 @@
+r"""Metric-attention as a PyG message-passing layer."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import zeros
+from torch_geometric.typing import Adj, OptTensor, PairTensor, Size
+from torch_geometric.utils import (
+    add_self_loops,
+    remove_self_loops,
+    softmax,
+    to_dense_batch,
+)
+
+from pyg_metric_attn.nn.functional import dense_metric_attention
+from pyg_metric_attn.nn.pseudo_metric import check_metric, tied_map
+from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
+from pyg_metric_attn.utils.checks import (
+    check_edge_attr,
+    check_edge_index,
+    check_node_features,
+)
+
+
+class MetricAttentionConv(MessagePassing):
+    r"""Metric-attention over graph edges (Ruan & Zhang, arXiv 2412.18288).
+
+    For every head, node :math:`i` aggregates its in-neighbours :math:`j` with
+
+    .. math::
+        \alpha_{ij} = \frac{\exp(s_{ij})}{\sum_{k \in \mathcal{N}(i)}
+        \exp(s_{ik})}, \qquad
+        \mathbf{x}'_i = \sum_{j \in \mathcal{N}(i)} \alpha_{ij}\,
+        \mathbf{W}_v \mathbf{x}_j,
+
+    where the logit :math:`s_{ij}` comes from the chosen pseudo-metric:
+
+    * ``'metric'``: :math:`s_{ij} = -\|\phi(\mathbf{x}_i) -
+      \phi(\mathbf{x}_j)\|^2 / t` with the residual tanh MLP
+      :math:`\phi(u) = P u + W_2 \tanh(W_1 u + b_1) + b_2` shared by both ends,
+    * ``'l2'``: the same with a tied linear :math:`\phi(u) = W u`
+      (L2 self-attention),
+    * ``'dot'``: :math:`s_{ij} = (W_q \mathbf{x}_i)^\top (W_k \mathbf{x}_j) /
+      (\sqrt{D}\, t)`, the dot-product self-attention baseline.
+
+    Edge features add a learned per-head bias :math:`\mathbf{w}_h^\top
+    \mathbf{e}_{ji}` to :math:`s_{ij}`. With ``value=False`` the layer is the
+    paper's propagation :math:`H' = S H` (no value map; each head propagates the
+    input features). Non-adjacent pairs get zero weight: the softmax runs over
+    each destination's incoming edges only. The distance is formed as
+    :math:`\phi(\mathbf{x}_j) - \phi(\mathbf{x}_i)` per edge, so there is no
+    cancellation when features sit far from the origin, and logits are
+    computed in at least float32 under autocast.
+
+    Args:
+        in_channels (int or tuple): Size of each input sample, or ``(source,
+            destination)`` sizes for bipartite graphs; ``-1`` infers it lazily.
+            With unequal (or lazy) tuple sizes the tied maps of
+            ``'metric'``/``'l2'`` become one map per side.
+        out_channels (int): Size of each output sample per head.
+        heads (int, optional): Number of attention heads. (default: :obj:`1`)
+        concat (bool, optional): Concatenate the heads (else average them).
+            (default: :obj:`True`)
+        metric (str, optional): ``'metric'``, ``'l2'`` or ``'dot'``.
+            (default: :obj:`'metric'`)
+        metric_channels (int, optional): Size :math:`D` of :math:`\phi` (or of
+            queries and keys) per head. (default: :obj:`out_channels`)
+        mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
+            :math:`\phi` for ``'metric'``. (default: :obj:`heads *
+            metric_channels`)
+        time_scale (float, optional): The time scale :math:`t` of the heat
+            kernel :math:`\exp(-d/t)`. The paper uses :math:`t = 1`.
+            (default: :obj:`1.0`)
+        learn_time_scale (bool, optional): Learn :math:`t` (kept positive by a
+            log parametrisation, initialised at ``time_scale``).
+            (default: :obj:`False`)
+        value (bool, optional): Apply a learnable value map :math:`W_v` per
+            head. If :obj:`False`, messages are the raw source features, which
+            requires ``out_channels`` to equal the source ``in_channels``.
+            (default: :obj:`True`)
+        dropout (float, optional): Dropout probability of the attention
+            weights. (default: :obj:`0.`)
+        add_self_loops (bool, optional): Replace self-loops by one self-loop per
+            node (as :class:`~torch_geometric.nn.conv.GATConv`).
+            (default: :obj:`True`)
+        edge_dim (int, optional): Edge feature size; edge features then bias
+            the logits. (default: :obj:`None`)
+        fill_value (float or torch.Tensor or str, optional): Edge features of
+            added self-loops (see
+            :meth:`torch_geometric.utils.add_self_loops`). (default: :obj:`'mean'`)
+        bias (bool, optional): Learn an additive output bias.
+            (default: :obj:`True`)
+        residual (bool, optional): Add a linear map of the destination features
+            to the output. (default: :obj:`False`)
+        **kwargs (optional): Additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`,
+          edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency),
+          edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` if
+          ``concat`` else :math:`(|\mathcal{V}_t|, F_{out})`; with
+          ``return_attention_weights`` also ``(edge_index, alpha)`` with
+          ``alpha`` of shape :math:`(|\mathcal{E}|, H)` (or the sparse
+          adjacency holding ``alpha``)
+    """
+    def __init__(
+        self,
+        in_channels: int | tuple[int, int],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        metric: str = 'metric',
+        metric_channels: int | None = None,
+        mlp_channels: int | None = None,
+        time_scale: float = 1.0,
+        learn_time_scale: bool = False,
+        value: bool = True,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: int | None = None,
+        fill_value: float | Tensor | str = 'mean',
+        bias: bool = True,
+        residual: bool = False,
+        **kwargs: Any,
+    ):
+        kwargs.setdefault('aggr', 'add')
+        super().__init__(node_dim=0, **kwargs)
+
+        src_channels, dst_channels = ((in_channels, in_channels)
+                                      if isinstance(in_channels, int) else
+                                      tuple(in_channels))
+        if heads < 1 or out_channels < 1:
+            raise ValueError(f"'heads' and 'out_channels' must be positive, got "
+                             f"heads={heads}, out_channels={out_channels}")
+        if not time_scale > 0:
+            raise ValueError(f"'time_scale' must be positive, got {time_scale}")
+        if not value and src_channels > 0 and out_channels != src_channels:
+            raise ValueError(
+                f"'value=False' propagates the input features unchanged, so "
+                f"'out_channels' ({out_channels}) must equal the source "
+                f"'in_channels' ({src_channels})")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.metric = check_metric(metric)
+        self.metric_channels = metric_channels or out_channels
+        self.mlp_channels = mlp_channels or heads * self.metric_channels
+        self.initial_time_scale = float(time_scale)
+        self.learn_time_scale = learn_time_scale
+        self.value = value
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        self._src_channels = src_channels
+        self._dst_channels = dst_channels
+
+        # Maps to the metric space: `embed_dst` is None when both ends share
+        # `embed_src` (the tied maps of 'metric' and 'l2').
+        embed_channels = heads * self.metric_channels
+        if self.metric == 'dot':
+            self.embed_src = Linear(src_channels, embed_channels, bias=False,
+                                    weight_initializer='glorot')
+            self.embed_dst = Linear(dst_channels, embed_channels, bias=False,
+                                    weight_initializer='glorot')
+        else:
+            self.embed_src = tied_map(self.metric, src_channels, embed_channels,
+                                      self.mlp_channels)
+            self.embed_dst = None
+            if not isinstance(in_channels, int) and (
+                    src_channels != dst_channels or src_channels < 0):
+                self.embed_dst = tied_map(self.metric, dst_channels,
+                                          embed_channels, self.mlp_channels)
+
+        self.lin_value = (Linear(src_channels, heads * out_channels, bias=False,
+                                 weight_initializer='glorot') if value else None)
+        self.lin_edge = (Linear(edge_dim, heads, bias=False,
+                                weight_initializer='glorot')
+                         if edge_dim is not None else None)
+
+        if learn_time_scale:
+            self.log_time_scale = Parameter(torch.empty(()))
+        else:
+            self.register_parameter('log_time_scale', None)
+
+        total_out_channels = out_channels * (heads if concat else 1)
+        self.res = (Linear(dst_channels, total_out_channels, bias=False,
+                           weight_initializer='glorot') if residual else None)
+        if bias:
+            self.bias = Parameter(torch.empty(total_out_channels))
+        else:
+            self.register_parameter('bias', None)
+
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        for module in (self.embed_src, self.embed_dst, self.lin_value,
+                       self.lin_edge, self.res):
+            if module is not None:
+                module.reset_parameters()
+        if self.log_time_scale is not None:
+            with torch.no_grad():
+                self.log_time_scale.fill_(math.log(self.initial_time_scale))
+        zeros(self.bias)
+
+    @property
+    def time_scale(self) -> Tensor | float:
+        """The time scale :math:`t` (a tensor when it is learned)."""
+        if self.log_time_scale is not None:
+            return self.log_time_scale.exp()
+        return self.initial_time_scale
+
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor | None],
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        size: Size = None,
+        return_attention_weights: bool | None = None,
+    ) -> Tensor | tuple[Tensor, Any]:
+        r"""Runs the layer.
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor or None)): Node
+                features, or ``(source, destination)`` features. With
+                ``(x, None)`` the destination nodes are the first
+                ``size[1]`` source nodes (the PyG sampled-subgraph convention).
+            edge_index (torch.Tensor or SparseTensor or torch.sparse.Tensor):
+                The graph; sparse adjacencies are indexed ``[dst, src]``.
+            edge_attr (torch.Tensor, optional): Edge features (needs
+                ``edge_dim``).
+            size ((int, int), optional): ``(num_src, num_dst)``.
+            return_attention_weights (bool, optional): If set (to any value),
+                also return ``(edge_index, alpha)``, or the sparse adjacency
+                holding ``alpha`` when the graph was given as one.
+        """
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        adjacency = adjacency_to_edge_index(edge_index)
+        edge_index = adjacency.edge_index
+        num_src, num_dst = self._num_nodes(x_src, x_dst, adjacency, size)
+        if x_dst is None:
+            x_dst = x_src[:num_dst]
+
+        if not torch.compiler.is_compiling():
+            self._check_inputs(x_src, x_dst, edge_index, edge_attr, num_src,
+                               num_dst)
+        edge_index = edge_index.long()
+        if edge_attr is not None and edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+
+        if self.add_self_loops:
+            edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+            edge_index, edge_attr = add_self_loops(
+                edge_index, edge_attr, fill_value=self.fill_value,
+                num_nodes=min(num_src, num_dst))
+
+        z_src, z_dst = self._embed(x_src, x_dst)
+        alpha = self.edge_updater(edge_index, z=(z_src, z_dst),
+                                  edge_attr=edge_attr, size=(num_src, num_dst))
+        out = self.propagate(edge_index, x=(self._values(x_src), None),
+                             alpha=alpha, size=(num_src, num_dst))
+
+        out = self._combine_heads(out, x_dst)
+        if return_attention_weights is not None:
+            return out, edge_values_like(adjacency, edge_index, alpha, num_src,
+                                         num_dst)
+        return out
+
+    def forward_point_sets(self, x: Tensor, batch: OptTensor = None) -> Tensor:
+        r"""All-pairs attention among the points of each set.
+
+        Equals ``forward(x, fully_connected_edge_index(x.size(0), batch))``
+        (every point attends to every point of its set, itself included) but
+        never builds the :math:`n^2` edges: it runs the dense SDPA kernel of
+        :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`.
+
+        Args:
+            x (torch.Tensor): Point features ``[N, F_in]``.
+            batch (torch.Tensor, optional): Sorted set index of each point;
+                :obj:`None` means one set.
+        """
+        if not torch.compiler.is_compiling():
+            check_node_features(x, 'x', self._src_channels)
+        if not isinstance(self.in_channels, int):
+            raise ValueError("Point-set attention runs within one set of points: "
+                             "build the layer with an int 'in_channels'")
+        z_src, z_dst = self._embed(x, x)
+        values = self._values(x)
+        key, mask = self._to_sets(z_src, batch)  # [B, H, L, D], [B, L]
+        query = key if z_dst is z_src else self._to_sets(z_dst, batch)[0]
+        out, _ = dense_metric_attention(
+            query, key, self._to_sets(values, batch)[0].to(key.dtype),
+            self.metric, self.time_scale,
+            attn_mask=mask.view(mask.size(0), 1, 1, mask.size(1)),
+            dropout_p=self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2)[mask].to(values.dtype)  # [N, H, C]
+        return self._combine_heads(out, x)
+
+    def _to_sets(self, per_point: Tensor, batch: OptTensor) -> tuple[Tensor, Tensor]:
+        """``[N, H, K]`` -> padded ``[B, H, L, K]`` and the ``[B, L]`` mask."""
+        dense, mask = to_dense_batch(per_point.flatten(1), batch)
+        dense = dense.view(mask.size(0), mask.size(1), self.heads, -1)
+        return dense.transpose(1, 2), mask
+
+    def _combine_heads(self, out: Tensor, x_dst: Tensor) -> Tensor:
+        """Concatenate or average heads, then add residual and bias."""
+        out = out.flatten(1) if self.concat else out.mean(dim=1)
+        if self.res is not None:
+            out = out + self.res(x_dst)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _num_nodes(self, x_src: Tensor, x_dst: Tensor | None, adjacency,
+                   size: Size) -> tuple[int, int]:
+        num_src = x_src.size(0)
+        if size is not None:
+            num_dst = size[1]
+            if size[0] is not None and size[0] != num_src:
+                raise ValueError(f"'size[0]' ({size[0]}) does not match the "
+                                 f"{num_src} source nodes in 'x'")
+        elif adjacency.num_dst is not None:
+            num_dst = adjacency.num_dst
+        elif x_dst is not None:
+            num_dst = x_dst.size(0)
+        else:
+            num_dst = num_src
+        if x_dst is None and num_dst > num_src:
+            raise ValueError(f"With 'x=(x_src, None)' the {num_dst} destination "
+                             f"nodes must be among the {num_src} source nodes")
+        if adjacency.num_src is not None and adjacency.num_src != num_src:
+            raise ValueError(f"The adjacency has {adjacency.num_src} columns "
+                             f"(source nodes) but 'x' has {num_src} rows")
+        return num_src, num_dst
+
+    def _check_inputs(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
+                      edge_attr: OptTensor, num_src: int, num_dst: int) -> None:
+        check_node_features(x_src, 'x' if x_src is x_dst else 'x_src',
+                            self._src_channels)
+        if x_dst is not x_src:
+            check_node_features(x_dst, 'x_dst', self._dst_channels)
+            if x_dst.size(0) != num_dst:
+                raise ValueError(f"'x_dst' has {x_dst.size(0)} rows but the "
+                                 f"graph has {num_dst} destination nodes")
+        check_edge_index(edge_index, num_src, num_dst)
+        if edge_attr is not None:
+            if self.lin_edge is None:
+                raise ValueError("'edge_attr' was given but the layer was built "
+                                 "without 'edge_dim'")
+            check_edge_attr(edge_attr, edge_index.size(1), self.edge_dim)
+
+    def _embed(self, x_src: Tensor, x_dst: Tensor) -> PairTensor:
+        """Source and destination points in the metric space, ``[N, H, D]``."""
+        shape = (-1, self.heads, self.metric_channels)
+        z_src = self.embed_src(x_src)
+        if self.embed_dst is not None:
+            z_dst = self.embed_dst(x_dst)
+        elif x_dst is x_src:
+            z_dst = z_src
+        else:
+            z_dst = self.embed_src(x_dst)
+        # Logits in at least float32, also under float16/bfloat16 autocast.
+        dtype = torch.promote_types(z_src.dtype, torch.float32)
+        return z_src.to(dtype).view(shape), z_dst.to(dtype).view(shape)
+
+    def _values(self, x_src: Tensor) -> Tensor:
+        """What each source node sends, ``[N_src, H, C]``."""
+        if self.lin_value is None:
+            return x_src.unsqueeze(1).expand(-1, self.heads, -1)
+        return self.lin_value(x_src).view(-1, self.heads, self.out_channels)
+
+    def edge_update(self, z_j: Tensor, z_i: Tensor, edge_attr: OptTensor,
+                    index: Tensor, ptr: OptTensor,
+                    dim_size: int | None) -> Tensor:
+        if self.metric == 'dot':
+            logits = (z_i * z_j).sum(-1) / math.sqrt(self.metric_channels)
+        else:
+            logits = -(z_j - z_i).square().sum(-1)
+        logits = logits / self.time_scale
+        if self.lin_edge is not None and edge_attr is not None:
+            logits = logits + self.lin_edge(edge_attr).to(logits.dtype)
+        alpha = softmax(logits, index, ptr, dim_size)
+        return F.dropout(alpha, p=self.dropout, training=self.training)
+
+    def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
+        return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, '
+                f'{self.out_channels}, heads={self.heads}, '
+                f'metric={self.metric!r})')

@@ -1,0 +1,69 @@
+"""Conversions between PyG's adjacency formats and a plain ``edge_index``.
+
+Layers accept ``edge_index`` (``[2, E]``, row 0 = source, row 1 = destination),
+``torch_sparse.SparseTensor`` and ``torch.sparse`` COO/CSR/CSC tensors. Sparse
+adjacencies follow PyG's transposed convention: entry ``(i, j)`` is the edge
+``j -> i`` (rows are destinations). :func:`adjacency_to_edge_index` turns any of
+them into an ``edge_index`` and :func:`edge_values_like` turns per-edge values
+back into the caller's format.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import (
+    is_torch_sparse_tensor,
+    to_edge_index,
+    to_torch_coo_tensor,
+    to_torch_csc_tensor,
+    to_torch_csr_tensor,
+)
+
+
+class Adjacency(NamedTuple):
+    """A graph as ``edge_index`` plus what is needed to return to its format."""
+    edge_index: Tensor
+    layout: str  # 'edge_index' | 'sparse_tensor' | torch sparse layout name
+    num_src: int | None
+    num_dst: int | None
+
+
+def adjacency_to_edge_index(adj: Any) -> Adjacency:
+    """Return ``adj`` as an ``edge_index`` (``[2, E]``, source row first)."""
+    if isinstance(adj, SparseTensor):
+        dst, src, _ = adj.coo()
+        num_dst, num_src = adj.sparse_sizes()
+        return Adjacency(torch.stack([src, dst]), 'sparse_tensor', num_src, num_dst)
+    if is_torch_sparse_tensor(adj):
+        dst_src, _ = to_edge_index(adj)
+        num_dst, num_src = int(adj.size(0)), int(adj.size(1))
+        return Adjacency(dst_src.flip(0), str(adj.layout), num_src, num_dst)
+    if isinstance(adj, Tensor):
+        return Adjacency(adj, 'edge_index', None, None)
+    raise TypeError(
+        "'edge_index' must be a [2, E] tensor, a SparseTensor or a torch.sparse "
+        f"tensor, got {type(adj).__name__}")
+
+
+def edge_values_like(adjacency: Adjacency, edge_index: Tensor, value: Tensor,
+                     num_src: int, num_dst: int) -> Any:
+    """Attach per-edge ``value`` to ``edge_index`` in ``adjacency``'s format.
+
+    For ``edge_index`` input this is ``(edge_index, value)``; for sparse input a
+    sparse adjacency of the same kind holding ``value`` (shape ``[E, ...]``).
+    """
+    if adjacency.layout == 'edge_index':
+        return edge_index, value
+    src, dst = edge_index[0], edge_index[1]
+    size = (num_dst, num_src)
+    if adjacency.layout == 'sparse_tensor':
+        return SparseTensor(row=dst, col=src, value=value, sparse_sizes=size)
+    dst_src = torch.stack([dst, src])
+    if adjacency.layout == str(torch.sparse_csr):
+        return to_torch_csr_tensor(dst_src, value, size=size)
+    if adjacency.layout == str(torch.sparse_csc):
+        return to_torch_csc_tensor(dst_src, value, size=size)
+    return to_torch_coo_tensor(dst_src, value, size=size)

@@ -1,0 +1,57 @@
+"""Input validation with error messages that name the problem.
+
+The checks read tensor values (e.g. the largest index), which would break a
+``torch.compile`` graph; layers call them only in eager mode.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_node_features(x: Tensor, name: str, channels: int) -> None:
+    """``x`` must be a floating ``[num_nodes, channels]`` tensor (any width
+    when ``channels`` is -1, i.e. lazily inferred)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"'{name}' must be a tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"'{name}' must have shape [num_nodes, {channels}], "
+                         f"got shape {list(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"'{name}' must be a floating-point tensor, got {x.dtype}")
+    if channels > 0 and x.size(1) != channels:
+        raise ValueError(f"'{name}' has {x.size(1)} channels but the layer was "
+                         f"built for {channels} (shape {list(x.shape)})")
+
+
+def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+    """``edge_index`` must be an integer ``[2, E]`` tensor with indices in range."""
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError("'edge_index' must have shape [2, num_edges], got "
+                         f"shape {list(edge_index.shape)}")
+    if edge_index.is_floating_point() or edge_index.is_complex() or \
+            edge_index.dtype == torch.bool:
+        raise TypeError(f"'edge_index' must hold integer indices, got "
+                        f"{edge_index.dtype}")
+    if edge_index.numel() == 0:
+        return
+    if int(edge_index.min()) < 0:
+        raise IndexError(f"'edge_index' contains a negative index "
+                         f"({int(edge_index.min())})")
+    for row, name, bound in ((0, 'source', num_src), (1, 'destination', num_dst)):
+        largest = int(edge_index[row].max())
+        if largest >= bound:
+            raise IndexError(
+                f"'edge_index' {name} index {largest} is out of range for "
+                f"{bound} {name} nodes")
+
+
+def check_edge_attr(edge_attr: Tensor, num_edges: int, edge_dim: int) -> None:
+    """``edge_attr`` must be a floating ``[E]`` or ``[E, edge_dim]`` tensor."""
+    if not edge_attr.is_floating_point():
+        raise TypeError(f"'edge_attr' must be a floating-point tensor, got "
+                        f"{edge_attr.dtype}")
+    width = 1 if edge_attr.dim() == 1 else edge_attr.size(-1)
+    if edge_attr.dim() > 2 or edge_attr.size(0) != num_edges or width != edge_dim:
+        raise ValueError(f"'edge_attr' must have shape [{num_edges}, {edge_dim}] "
+                         f"(one row per edge), got {list(edge_attr.shape)}")

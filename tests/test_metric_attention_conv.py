@@ -1,0 +1,420 @@
+"""MetricAttentionConv against an independent dense float64 reference, plus
+its PyG conventions (inputs, bipartite graphs, errors, numerics, compile)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import random_graph
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+from torch_geometric.utils import to_torch_csc_tensor, to_torch_csr_tensor
+
+from pyg_metric_attn import MetricAttentionConv
+
+METRICS = ['metric', 'l2', 'dot']
+
+
+def reference_forward(conv: MetricAttentionConv, x_src, x_dst, edge_index,
+                      edge_attr=None):
+    """Dense masked-softmax attention written from the raw parameter tensors.
+
+    Returns the output and the dense ``[H, N_dst, N_src]`` attention matrix.
+    """
+    H, D, C = conv.heads, conv.metric_channels, conv.out_channels
+    n_src, n_dst = x_src.size(0), x_dst.size(0)
+
+    def phi(module, u):
+        if conv.metric == 'metric':
+            skip = u if module.skip is None else u @ module.skip.weight.T
+            hidden = torch.tanh(u @ module.hidden.weight.T + module.hidden.bias)
+            return skip + hidden @ module.out.weight.T + module.out.bias
+        return u @ module.weight.T
+
+    if conv.metric == 'dot':
+        q = (x_dst @ conv.embed_dst.weight.T).view(n_dst, H, D)
+        k = (x_src @ conv.embed_src.weight.T).view(n_src, H, D)
+        logits = torch.einsum('ihd,jhd->hij', q, k) / math.sqrt(D)
+    else:
+        dst_map = conv.embed_dst if conv.embed_dst is not None else conv.embed_src
+        q = phi(dst_map, x_dst).view(n_dst, H, D)
+        k = phi(conv.embed_src, x_src).view(n_src, H, D)
+        diff = q.unsqueeze(1) - k.unsqueeze(0)  # [N_dst, N_src, H, D]
+        logits = -diff.square().sum(-1).permute(2, 0, 1)
+    logits = logits / conv.time_scale
+
+    adjacency = torch.zeros(n_dst, n_src, dtype=torch.bool)
+    src, dst = edge_index
+    if conv.add_self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        if edge_attr is not None:
+            edge_attr = edge_attr[keep]
+    adjacency[dst, src] = True
+    if edge_attr is not None:
+        weight = conv.lin_edge.weight  # [H, edge_dim]
+        bias = torch.zeros(H, n_dst, n_src, dtype=x_src.dtype)
+        bias[:, dst, src] = (edge_attr @ weight.T).T
+    if conv.add_self_loops:
+        loops = torch.arange(min(n_src, n_dst))
+        adjacency[loops, loops] = True
+        if edge_attr is not None:  # fill_value='mean': mean incoming attr
+            for i in loops.tolist():
+                incoming = edge_attr[dst == i]
+                if len(incoming):
+                    bias[:, i, i] = incoming.mean(0) @ weight.T
+    if edge_attr is not None:
+        logits = logits + bias
+
+    logits = logits.masked_fill(~adjacency, float('-inf'))
+    attention = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # empty rows -> 0
+
+    if conv.lin_value is not None:
+        values = (x_src @ conv.lin_value.weight.T).view(n_src, H, C)
+    else:
+        values = x_src.unsqueeze(1).expand(n_src, H, C)
+    out = torch.einsum('hij,jhc->ihc', attention, values)
+    out = out.reshape(n_dst, H * C) if conv.concat else out.mean(1)
+    if conv.res is not None:
+        out = out + x_dst @ conv.res.weight.T
+    if conv.bias is not None:
+        out = out + conv.bias
+    return out, attention
+
+
+def rel_error(a, b):
+    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize('metric', METRICS)
+@pytest.mark.parametrize('add_self_loops', [True, False])
+@pytest.mark.parametrize('heads,concat', [(1, True), (3, True), (3, False)])
+def test_matches_dense_reference(metric, add_self_loops, heads, concat,
+                                 scatter_backend):
+    g = torch.Generator().manual_seed(hash((metric, add_self_loops, heads)) % 2**31)
+    torch.manual_seed(0)
+    n = 23
+    edge_index = random_graph(n, n, 0.2, g)
+    x = torch.randn(n, 7, dtype=torch.double, generator=g)
+    conv = MetricAttentionConv(7, 5, heads=heads, concat=concat, metric=metric,
+                               add_self_loops=add_self_loops, residual=True,
+                               time_scale=0.7).double()
+    with torch.no_grad():
+        conv.bias.normal_()
+    out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    ref_out, ref_attention = reference_forward(conv, x, x, edge_index)
+    assert out.shape == (n, 5 * heads if concat else 5)
+    assert rel_error(out, ref_out) < 1e-6
+    assert alpha.shape == (ei.size(1), heads)
+    assert rel_error(alpha, ref_attention[:, ei[1], ei[0]].T) < 1e-6
+    # Every edge of the reference carries a weight in alpha and vice versa:
+    assert int((ref_attention > 0).sum()) == alpha.numel()
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_value_free_edge_features_bipartite_match_reference(metric):
+    g = torch.Generator().manual_seed(1)
+    n_src, n_dst = 17, 11
+    edge_index = random_graph(n_src, n_dst, 0.3, g)
+    edge_attr = torch.randn(edge_index.size(1), 4, dtype=torch.double, generator=g)
+    x_src = torch.randn(n_src, 6, dtype=torch.double, generator=g)
+    x_dst = torch.randn(n_dst, 6, dtype=torch.double, generator=g)
+    conv = MetricAttentionConv(6, 6, heads=2, metric=metric, value=False,
+                               edge_dim=4, metric_channels=3,
+                               mlp_channels=9).double()
+    out = conv((x_src, x_dst), edge_index, edge_attr)
+    ref_out, _ = reference_forward(conv, x_src, x_dst, edge_index, edge_attr)
+    assert rel_error(out, ref_out) < 1e-6
+
+
+def test_unequal_bipartite_widths_use_one_map_per_side():
+    g = torch.Generator().manual_seed(2)
+    edge_index = random_graph(9, 6, 0.4, g)
+    x_src = torch.randn(9, 5, dtype=torch.double, generator=g)
+    x_dst = torch.randn(6, 3, dtype=torch.double, generator=g)
+    conv = MetricAttentionConv((5, 3), 4, heads=2, add_self_loops=False).double()
+    assert conv.embed_dst is not None
+    out = conv((x_src, x_dst), edge_index)
+    ref_out, _ = reference_forward(conv, x_src, x_dst, edge_index)
+    assert rel_error(out, ref_out) < 1e-6
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_gradcheck(metric):
+    g = torch.Generator().manual_seed(3)
+    edge_index = random_graph(8, 8, 0.4, g)
+    edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double, generator=g)
+    conv = MetricAttentionConv(4, 3, heads=2, metric=metric, edge_dim=2,
+                               learn_time_scale=True, time_scale=0.5).double()
+    x = torch.randn(8, 4, dtype=torch.double, generator=g, requires_grad=True)
+    params = [p for p in conv.parameters()]
+
+    def f(x, *params):
+        return conv(x, edge_index, edge_attr)
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+@pytest.mark.parametrize('metric', ['metric', 'l2'])
+def test_self_loop_has_largest_weight_and_rows_sum_to_one(metric):
+    g = torch.Generator().manual_seed(4)
+    edge_index = random_graph(30, 30, 0.15, g)
+    conv = MetricAttentionConv(8, 8, heads=3, metric=metric)
+    x = torch.randn(30, 8, generator=g) * 3
+    _, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    src, dst = ei
+    for i in range(30):
+        incoming = dst == i
+        loop = incoming & (src == i)
+        assert loop.sum() == 1
+        row = alpha[incoming]
+        assert torch.allclose(row.sum(0), torch.ones(3), atol=1e-6)
+        assert torch.all(alpha[loop][0] >= row.max(0).values - 1e-7)
+
+
+def test_dot_self_loop_need_not_win():
+    """The dot product is no metric: a node can prefer a neighbour to itself."""
+    conv = MetricAttentionConv(2, 2, metric='dot', metric_channels=2)
+    with torch.no_grad():
+        conv.embed_src.weight.copy_(torch.eye(2))
+        conv.embed_dst.weight.copy_(torch.eye(2))
+    x = torch.tensor([[1.0, 0.0], [5.0, 0.0]])
+    _, (ei, alpha) = conv(x, torch.tensor([[1], [0]]), return_attention_weights=True)
+    loop = (ei[0] == 0) & (ei[1] == 0)
+    assert alpha[loop].item() < 0.5
+
+
+@settings(max_examples=25, deadline=None)
+@given(num_nodes=st.integers(1, 12), seed=st.integers(0, 2**16),
+       metric=st.sampled_from(METRICS))
+def test_node_permutation_equivariance(num_nodes, seed, metric):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = random_graph(num_nodes, num_nodes, 0.3, g)
+    x = torch.randn(num_nodes, 5, dtype=torch.double, generator=g)
+    torch.manual_seed(seed)
+    conv = MetricAttentionConv(5, 4, heads=2, metric=metric).double()
+    perm = torch.randperm(num_nodes, generator=g)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(num_nodes)
+    out = conv(x, edge_index)
+    out_perm = conv(x[perm], inverse[edge_index])
+    assert torch.allclose(out_perm, out[perm], atol=1e-10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(num_nodes=st.integers(1, 12), seed=st.integers(0, 2**16),
+       metric=st.sampled_from(METRICS))
+def test_edge_order_invariance(num_nodes, seed, metric):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = random_graph(num_nodes, num_nodes, 0.3, g)
+    edge_attr = torch.randn(edge_index.size(1), 3, dtype=torch.double, generator=g)
+    x = torch.randn(num_nodes, 5, dtype=torch.double, generator=g)
+    conv = MetricAttentionConv(5, 4, heads=2, metric=metric, edge_dim=3,
+                               add_self_loops=False).double()
+    order = torch.randperm(edge_index.size(1), generator=g)
+    out, (_, alpha) = conv(x, edge_index, edge_attr, return_attention_weights=True)
+    out2, (_, alpha2) = conv(x, edge_index[:, order], edge_attr[order],
+                             return_attention_weights=True)
+    assert torch.allclose(out, out2, atol=1e-10)
+    assert torch.allclose(alpha[order], alpha2, atol=1e-12)
+
+
+def test_sparse_adjacency_formats_agree():
+    g = torch.Generator().manual_seed(5)
+    edge_index = random_graph(20, 20, 0.2, g)
+    x = torch.randn(20, 8, generator=g)
+    conv = MetricAttentionConv(8, 4, heads=2)
+    expected, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    adj_t = torch.stack([edge_index[1], edge_index[0]])
+    for adj in (to_torch_csr_tensor(adj_t, size=(20, 20)),
+                to_torch_csc_tensor(adj_t, size=(20, 20)),
+                torch.sparse_coo_tensor(adj_t, torch.ones(adj_t.size(1)),
+                                        (20, 20))):
+        out, sparse_alpha = conv(x, adj, return_attention_weights=True)
+        assert torch.allclose(out, expected, atol=1e-6)
+        assert sparse_alpha.layout == adj.layout
+        dense = sparse_alpha.to_dense()  # [N_dst, N_src, H]
+        assert torch.allclose(dense[ei[1], ei[0]], alpha, atol=1e-6)
+
+
+@pytest.mark.skipif(not WITH_TORCH_SPARSE, reason="torch-sparse is not installed "
+                    "(SparseTensor inputs need it)")
+def test_sparse_tensor_input():
+    g = torch.Generator().manual_seed(6)
+    edge_index = random_graph(15, 15, 0.3, g)
+    x = torch.randn(15, 8, generator=g)
+    conv = MetricAttentionConv(8, 4, heads=2)
+    expected, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    adj = SparseTensor(row=edge_index[1], col=edge_index[0], sparse_sizes=(15, 15))
+    out, adj_alpha = conv(x, adj, return_attention_weights=True)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert isinstance(adj_alpha, SparseTensor)
+    assert torch.allclose(adj_alpha.to_dense()[ei[1], ei[0]], alpha, atol=1e-6)
+
+
+def test_bipartite_with_none_destination_and_size():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(10, 6, generator=g)
+    edge_index = random_graph(10, 4, 0.5, g)
+    conv = MetricAttentionConv(6, 3, heads=2)
+    out = conv((x, None), edge_index, size=(10, 4))
+    assert out.shape == (4, 6)
+    # The destination nodes are the first size[1] source nodes:
+    assert torch.allclose(out, conv((x, x[:4]), edge_index), atol=1e-6)
+
+
+def test_empty_graph_and_isolated_nodes():
+    conv = MetricAttentionConv(4, 3, heads=2, add_self_loops=False)
+    x = torch.randn(5, 4, requires_grad=True)
+    out, (ei, alpha) = conv(x, torch.empty(2, 0, dtype=torch.long),
+                            return_attention_weights=True)
+    assert out.shape == (5, 6) and ei.shape == (2, 0) and alpha.shape == (0, 2)
+    assert torch.allclose(out, conv.bias.expand(5, 6))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    no_nodes = conv(torch.empty(0, 4), torch.empty(2, 0, dtype=torch.long))
+    assert no_nodes.shape == (0, 6)
+    # Node 2 has no incoming edge: its output is the bias alone.
+    out = conv(x, torch.tensor([[0, 1], [1, 0]]))
+    assert torch.allclose(out[2], conv.bias)
+
+
+def test_far_from_origin_and_huge_inputs_stay_finite():
+    g = torch.Generator().manual_seed(8)
+    edge_index = random_graph(25, 25, 0.2, g)
+    x = torch.randn(25, 8, generator=g)
+    for metric in METRICS:
+        conv = MetricAttentionConv(8, 8, heads=2, metric=metric, value=False)
+        huge = (x * 1e4).requires_grad_()
+        out = conv(huge, edge_index)
+        out.square().mean().backward()
+        assert torch.isfinite(out).all() and torch.isfinite(huge.grad).all()
+    # Translation invariance far from the origin ('metric' with value=False
+    # and P = I: phi(u + c) - phi(v + c) depends on c only through tanh).
+    conv = MetricAttentionConv(8, 8, metric='l2', value=False, bias=False)
+    shift = 1e3 * torch.ones(8)
+    out, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
+    out_far, (_, alpha_far) = conv(x + shift, edge_index,
+                                   return_attention_weights=True)
+    assert torch.allclose(alpha_far, alpha, atol=1e-3)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('metric', METRICS)
+def test_autocast_low_precision_is_finite(dtype, metric):
+    g = torch.Generator().manual_seed(9)
+    edge_index = random_graph(40, 40, 0.2, g)
+    x = (torch.randn(40, 16, generator=g) * 30).requires_grad_()
+    conv = MetricAttentionConv(16, 8, heads=4, metric=metric)
+    with torch.autocast('cpu', dtype=dtype):
+        out, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
+    assert alpha.dtype == torch.float32  # logits and softmax in float32
+    out.float().sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    # At unit scale the low-precision result is close to float32:
+    x = x.detach() / 30
+    with torch.autocast('cpu', dtype=dtype):
+        out = conv(x, edge_index)
+    expected = conv(x, edge_index)
+    assert torch.allclose(out.float(), expected,
+                          atol=0.05 * float(expected.abs().max()))
+
+
+def test_learned_time_scale_is_positive_and_trains():
+    conv = MetricAttentionConv(4, 4, learn_time_scale=True, time_scale=2.0)
+    assert torch.isclose(conv.time_scale, torch.tensor(2.0))
+    x = torch.randn(6, 4)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    conv(x, edge_index).square().sum().backward()
+    assert conv.log_time_scale.grad is not None
+    with torch.no_grad():
+        conv.log_time_scale.fill_(-50.0)
+    assert conv.time_scale > 0
+    conv.reset_parameters()
+    assert torch.isclose(conv.time_scale, torch.tensor(2.0))
+
+
+def test_time_scale_sharpens_attention():
+    g = torch.Generator().manual_seed(10)
+    edge_index = random_graph(20, 20, 0.3, g)
+    x = torch.randn(20, 4, generator=g)
+    entropies = []
+    for t in (10.0, 1.0, 0.1):
+        torch.manual_seed(0)
+        conv = MetricAttentionConv(4, 4, time_scale=t)
+        _, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
+        entropies.append(float(-(alpha * alpha.clamp_min(1e-30).log()).sum()))
+    assert entropies[0] > entropies[1] > entropies[2]
+
+
+def test_repr_and_reset_parameters():
+    conv = MetricAttentionConv(16, 32, heads=2, metric='l2')
+    assert repr(conv) == "MetricAttentionConv(16, 32, heads=2, metric='l2')"
+    before = [p.clone() for p in conv.parameters()]
+    conv.reset_parameters()
+    after = list(conv.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_same_seed_same_result():
+    def run():
+        torch.manual_seed(123)
+        conv = MetricAttentionConv(8, 4, heads=2, dropout=0.3)
+        x = torch.randn(12, 8)
+        edge_index = torch.randint(0, 12, (2, 40))
+        return conv(x, edge_index)
+    assert torch.equal(run(), run())
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, dropout=0.5)
+    x, edge_index = torch.randn(12, 8), torch.randint(0, 12, (2, 40))
+    conv.eval()
+    assert torch.equal(conv(x, edge_index), conv(x, edge_index))
+    conv.train()
+    assert not torch.equal(conv(x, edge_index), conv(x, edge_index))
+
+
+@pytest.mark.parametrize('make_call,error,match', [
+    (lambda c: c(torch.randn(5, 3), torch.tensor([[0], [1]])), ValueError,
+     'built for 8'),
+    (lambda c: c(torch.randn(5), torch.tensor([[0], [1]])), ValueError,
+     r'shape \[num_nodes, 8\]'),
+    (lambda c: c(torch.randint(0, 3, (5, 8)), torch.tensor([[0], [1]])), TypeError,
+     'floating-point'),
+    (lambda c: c(torch.randn(5, 8), torch.tensor([[0, 1, 2]])), ValueError,
+     r'shape \[2, num_edges\]'),
+    (lambda c: c(torch.randn(5, 8), torch.tensor([[0.0], [1.0]])), TypeError,
+     'integer'),
+    (lambda c: c(torch.randn(5, 8), torch.tensor([[0], [7]])), IndexError,
+     'destination index 7 is out of range for 5'),
+    (lambda c: c(torch.randn(5, 8), torch.tensor([[-1], [0]])), IndexError,
+     'negative'),
+    (lambda c: c(torch.randn(5, 8), torch.tensor([[0], [1]]), torch.randn(1, 2)),
+     ValueError, 'without .edge_dim.'),
+    (lambda c: c((torch.randn(5, 8), torch.randn(3, 8)), torch.tensor([[0], [1]]),
+                 size=(5, 4)), ValueError, "'x_dst' has 3 rows"),
+    (lambda c: c(torch.randn(5, 8), 'edges'), TypeError, 'SparseTensor'),
+])
+def test_clear_errors(make_call, error, match):
+    conv = MetricAttentionConv(8, 4)
+    with pytest.raises(error, match=match):
+        make_call(conv)
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="'out_channels' .* must equal"):
+        MetricAttentionConv(8, 4, value=False)
+    with pytest.raises(ValueError, match='Unknown metric'):
+        MetricAttentionConv(8, 4, metric='cosine')
+    with pytest.raises(ValueError, match='time_scale'):
+        MetricAttentionConv(8, 4, time_scale=0.0)
+
+
+def test_edge_attr_shape_error():
+    conv = MetricAttentionConv(8, 4, edge_dim=3)
+    with pytest.raises(ValueError, match=r'edge_attr.*\[1, 3\]'):
+        conv(torch.randn(5, 8), torch.tensor([[0], [1]]), torch.randn(2, 3))
