@@ -1,0 +1,82 @@
+"""The paper's IPN on graphs and point sets, and the all-pairs helper."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_graph
+
+from pyg_metric_attn import IPN, MetricAttentionConv
+from pyg_metric_attn.nn.models import ATTENTIONS
+from pyg_metric_attn.utils.point_sets import fully_connected_edge_index, shuffled_sets
+
+
+def test_fully_connected_edge_index_matches_brute_force():
+    batch = torch.tensor([0, 0, 0, 1, 2, 2])
+    edge_index = fully_connected_edge_index(6, batch)
+    expected = {(j, i) for i in range(6) for j in range(6) if batch[i] == batch[j]}
+    assert set(map(tuple, edge_index.T.tolist())) == expected
+    assert edge_index.size(1) == len(expected)
+    one_set = fully_connected_edge_index(4)
+    assert set(map(tuple, one_set.T.tolist())) == {(j, i) for i in range(4)
+                                                   for j in range(4)}
+    with pytest.raises(ValueError, match='sorted'):
+        fully_connected_edge_index(3, torch.tensor([1, 0, 1]))
+
+
+def test_shuffled_sets_partition_the_points():
+    sets = shuffled_sets(10, 4, torch.Generator().manual_seed(0))
+    assert [len(s) for s in sets] == [4, 4, 2]
+    assert sorted(torch.cat(sets).tolist()) == list(range(10))
+
+
+@pytest.mark.parametrize('metric', ['metric', 'l2', 'dot'])
+@pytest.mark.parametrize('value', [True, False])
+def test_point_set_mode_equals_fully_connected_graph(metric, value):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(26, 6, dtype=torch.double, generator=g)
+    batch = torch.tensor([0] * 9 + [1] * 4 + [2] * 13)
+    conv = MetricAttentionConv(6, 6, heads=3, metric=metric, value=value,
+                               residual=True).double()
+    sparse = conv(x, fully_connected_edge_index(26, batch))
+    dense = conv.forward_point_sets(x, batch)
+    assert torch.allclose(dense, sparse, atol=1e-12)
+
+
+def test_point_set_mode_needs_int_in_channels():
+    conv = MetricAttentionConv((6, 6), 4)
+    with pytest.raises(ValueError, match="int 'in_channels'"):
+        conv.forward_point_sets(torch.randn(3, 6))
+
+
+@pytest.mark.parametrize('attention', ATTENTIONS)
+def test_ipn_on_graphs_and_point_sets(attention):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(20, 5, generator=g)
+    edge_index = random_graph(20, 20, 0.2, g)
+    batch = torch.tensor([0] * 8 + [1] * 12)
+    torch.manual_seed(0)
+    model = IPN(5, 12, 3, num_layers=2, attention=attention, heads=2)
+    on_graph = model(x, edge_index)
+    on_sets = model(x, batch=batch)
+    assert on_graph.shape == on_sets.shape == (20, 3)
+    on_sets.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # Point sets equal the same model on the explicit all-pairs graph:
+    assert torch.allclose(on_sets, model(x, fully_connected_edge_index(20, batch)),
+                          atol=1e-5)
+    assert f"attention='{attention}'" in repr(model)
+
+
+def test_ipn_is_linear_propagate_linear():
+    model = IPN(4, 8, 2, num_layers=3, attention='metric', mlp_channels=5)
+    assert [type(m).__name__ for m in model.children()] == \
+        ['Linear', 'ModuleList', 'Linear']
+    assert all(isinstance(c, MetricAttentionConv) and c.lin_value is None
+               and c.mlp_channels == 5 for c in model.convs)
+
+
+def test_ipn_errors():
+    with pytest.raises(ValueError, match='Unknown attention'):
+        IPN(4, 8, 2, attention='cosine')
+    with pytest.raises(ValueError, match='num_layers'):
+        IPN(4, 8, 2, num_layers=0)
