@@ -1,0 +1,240 @@
+"""One training loop for every task: progress bar, per-epoch metrics (JSON and
+CSV), atomic best/last checkpoints, ``resume``, early stopping and LR
+schedules."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from pyg_metric_attn.utils.io import (
+    atomic_write_json,
+    atomic_write_text,
+    load_verified,
+    save_verified,
+)
+
+StepFn = Callable[[torch.nn.Module, Any], Tensor]
+EvaluateFn = Callable[[torch.nn.Module], dict[str, float]]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    r"""Fits ``model`` epoch by epoch.
+
+    Each epoch runs ``step(model, batch)`` (returns the loss to minimise) on
+    every batch of ``batches(epoch)``, then ``evaluate(model)`` (returns named
+    metrics, computed under :func:`torch.no_grad` in eval mode). One row per
+    epoch is kept in :attr:`history`: ``epoch``, ``train_loss``,
+    ``epoch_seconds`` (training time), ``lr`` and the evaluation metrics.
+
+    Args:
+        model (torch.nn.Module): The model.
+        optimizer (torch.optim.Optimizer): Its optimiser.
+        step (callable): ``step(model, batch) -> loss``.
+        evaluate (callable, optional): ``evaluate(model) -> {name: value}``.
+        scheduler (optional): An LR scheduler, stepped once per epoch
+            (``ReduceLROnPlateau`` is given the monitored metric).
+        monitor (str, optional): Metric that decides the best epoch.
+        mode (str, optional): ``'max'`` or ``'min'`` for ``monitor``.
+        patience (int, optional): Stop after this many epochs without a
+            better ``monitor`` value.
+        out_dir (str or Path, optional): Where ``metrics.json``,
+            ``metrics.csv``, ``last.pt`` and ``best.pt`` are written
+            (atomically, checksummed). Without it nothing is written.
+        grad_clip (float, optional): Clip the gradient norm to this value.
+        progress (bool, optional): Show a tqdm bar. (default: :obj:`True`)
+        desc (str, optional): Progress bar label.
+    """
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 step: StepFn, evaluate: EvaluateFn | None = None,
+                 scheduler: Any = None, monitor: str | None = None,
+                 mode: str = 'max', patience: int | None = None,
+                 out_dir: str | Path | None = None, grad_clip: float | None = None,
+                 progress: bool = True, desc: str = 'train'):
+        if mode not in ('max', 'min'):
+            raise ValueError(f"'mode' must be 'max' or 'min', got '{mode}'")
+        if patience is not None and monitor is None:
+            raise ValueError("'patience' needs a 'monitor' metric")
+        self.model = model
+        self.optimizer = optimizer
+        self.step = step
+        self.evaluate = evaluate
+        self.scheduler = scheduler
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.grad_clip = grad_clip
+        self.progress = progress
+        self.desc = desc
+        self.history: list[dict[str, float]] = []
+        self.best_epoch: int | None = None
+
+    @property
+    def best(self) -> dict[str, float] | None:
+        """The history row of the best epoch (the last one without monitor)."""
+        if self.best_epoch is None:
+            return self.history[-1] if self.history else None
+        return self.history[self.best_epoch - 1]
+
+    def fit(self, batches: Callable[[int], Iterable[Any]], epochs: int,
+            resume: bool = False) -> list[dict[str, float]]:
+        """Train for up to ``epochs`` epochs (``batches(epoch)`` per epoch).
+
+        With ``resume=True`` and a ``last.pt`` in ``out_dir``, training goes
+        on from the epoch after the saved one with the saved model, optimiser,
+        scheduler, history and random states.
+        """
+        if resume:
+            self._resume()
+        bar = tqdm(range(len(self.history) + 1, epochs + 1), desc=self.desc,
+                   disable=not self.progress, leave=False, dynamic_ncols=True)
+        for epoch in bar:
+            row = self._train_epoch(batches(epoch), epoch)
+            if self.evaluate is not None:
+                self.model.eval()
+                with torch.no_grad():
+                    row.update(self.evaluate(self.model))
+            self.history.append(row)
+            improved = self._update_best(row)
+            self._step_scheduler(row)
+            self._save(improved)
+            bar.set_postfix({k: f'{v:.4g}' for k, v in row.items()
+                             if k not in ('epoch', 'epoch_seconds', 'lr')})
+            if self.patience is not None and self.best_epoch is not None \
+                    and epoch - self.best_epoch >= self.patience:
+                break
+        bar.close()
+        return self.history
+
+    def _train_epoch(self, batches: Iterable[Any], epoch: int) -> dict[str, float]:
+        self.model.train()
+        total, count = 0.0, 0
+        start = time.perf_counter()
+        for batch in batches:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.step(self.model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"Training loss became {loss.item()} at epoch {epoch}")
+            loss.backward()
+            if self.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                               self.grad_clip)
+            self.optimizer.step()
+            total += float(loss.detach())
+            count += 1
+        return {'epoch': epoch, 'train_loss': total / max(count, 1),
+                'epoch_seconds': time.perf_counter() - start,
+                'lr': self.optimizer.param_groups[0]['lr']}
+
+    def _update_best(self, row: dict[str, float]) -> bool:
+        if self.monitor is None:
+            return False
+        if self.monitor not in row:
+            raise KeyError(f"Monitored metric '{self.monitor}' is not among the "
+                           f"evaluation metrics {sorted(row)}")
+        value = row[self.monitor]
+        if self.best_epoch is not None:
+            best = self.history[self.best_epoch - 1][self.monitor]
+            better = value > best if self.mode == 'max' else value < best
+            if not better or math.isnan(value):
+                return False
+        self.best_epoch = int(row['epoch'])
+        return True
+
+    def _step_scheduler(self, row: dict[str, float]) -> None:
+        if self.scheduler is None:
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            key = self.monitor or 'train_loss'
+            self.scheduler.step(row[key])
+        else:
+            self.scheduler.step()
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            'model': self.model.state_dict(),
+            'optimizer': self.optimizer.state_dict(),
+            'scheduler': (self.scheduler.state_dict()
+                          if self.scheduler is not None else None),
+            'history': self.history,
+            'best_epoch': self.best_epoch,
+            'rng': {'torch': torch.get_rng_state(),
+                    'python': random.getstate(),
+                    'numpy': _numpy_state()},
+        }
+
+    def _save(self, improved: bool) -> None:
+        if self.out_dir is None:
+            return
+        atomic_write_json(self.out_dir / 'metrics.json', self.history)
+        atomic_write_text(self.out_dir / 'metrics.csv', _to_csv(self.history))
+        state = self._state()
+        save_verified(state, self.out_dir / 'last.pt')
+        if improved:
+            save_verified({'model': state['model'], 'epoch': self.best_epoch,
+                           'metrics': self.best}, self.out_dir / 'best.pt')
+
+    def _resume(self) -> None:
+        if self.out_dir is None:
+            raise ValueError("'resume' needs an 'out_dir' with a checkpoint")
+        path = self.out_dir / 'last.pt'
+        if not path.exists():
+            return
+        state = load_verified(path)
+        self.model.load_state_dict(state['model'])
+        self.optimizer.load_state_dict(state['optimizer'])
+        if self.scheduler is not None and state['scheduler'] is not None:
+            self.scheduler.load_state_dict(state['scheduler'])
+        self.history = state['history']
+        self.best_epoch = state['best_epoch']
+        torch.set_rng_state(state['rng']['torch'])
+        random.setstate(state['rng']['python'])
+        name, keys, pos, has_gauss, cached = state['rng']['numpy']
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos,
+                             has_gauss, cached))
+
+
+def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
+    """Load ``best.pt`` (else ``last.pt``) of ``out_dir`` into ``model``."""
+    out_dir = Path(out_dir)
+    path = out_dir / 'best.pt'
+    if not path.exists():
+        path = out_dir / 'last.pt'
+    if not path.exists():
+        raise FileNotFoundError(f"No checkpoint (best.pt or last.pt) in '{out_dir}'")
+    state = load_verified(path)
+    model.load_state_dict(state['model'])
+    return state
+
+
+def _numpy_state() -> tuple:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return name, keys.tolist(), int(pos), int(has_gauss), float(cached)
+
+
+def _to_csv(rows: list[dict[str, float]]) -> str:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

@@ -1,0 +1,75 @@
+"""Atomic, verified file writes for checkpoints, caches and results.
+
+Every write goes to a temporary file in the target folder and is moved into
+place with :func:`os.replace`, so a reader never sees a half-written file.
+:func:`save_verified` prefixes the payload with a magic line and its SHA-256;
+:func:`load_verified` checks both and raises :class:`CorruptFileError` on any
+mismatch (truncation, bit rot, a file of another kind).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b'pyg-metric-attn/verified/v1\n'
+
+
+class CorruptFileError(RuntimeError):
+    """A verified file is truncated, altered or not of this format."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.',
+                               suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode('utf-8'))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
+
+
+def save_verified(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` ``obj`` with a checksum header, atomically."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    digest = hashlib.sha256(payload).hexdigest().encode('ascii')
+    atomic_write_bytes(path, MAGIC + digest + b'\n' + payload)
+
+
+def load_verified(path: str | os.PathLike, map_location: Any = 'cpu',
+                  weights_only: bool = True) -> Any:
+    """Load a file written by :func:`save_verified`, checking its checksum."""
+    path = Path(path)
+    data = path.read_bytes()
+    header_end = len(MAGIC) + 65
+    if not data.startswith(MAGIC) or len(data) < header_end:
+        raise CorruptFileError(f"'{path}' is not a verified pyg-metric-attn file")
+    digest, payload = data[len(MAGIC):header_end - 1], data[header_end:]
+    if hashlib.sha256(payload).hexdigest().encode('ascii') != digest:
+        raise CorruptFileError(f"'{path}' is corrupt (checksum mismatch)")
+    return torch.load(io.BytesIO(payload), map_location=map_location,
+                      weights_only=weights_only)

@@ -1,0 +1,107 @@
+"""Trainer: resume equals an uninterrupted run, checkpoints are verified,
+early stopping, and the atomic/verified file helpers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyg_metric_attn.training import Trainer, load_best_model, seed_everything
+from pyg_metric_attn.utils.io import (
+    CorruptFileError,
+    atomic_write_json,
+    load_verified,
+    save_verified,
+)
+
+
+def make_trainer(out_dir=None, **kwargs):
+    seed_everything(0)
+    x = torch.randn(64, 3)
+    y = (x.sum(1) > 0).long()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(),
+                                torch.nn.Dropout(0.2), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def batches(epoch):
+        for index in torch.randperm(64).split(16):  # global RNG: must resume
+            yield x[index], y[index]
+
+    def step(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    def evaluate(model):
+        return {'acc': float((model(x).argmax(1) == y).float().mean())}
+
+    trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
+                      progress=False, monitor='acc', **kwargs)
+    return trainer, batches
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    trainer, batches = make_trainer()
+    full = trainer.fit(batches, 6)
+    expected = [p.detach().clone() for p in trainer.model.parameters()]
+
+    first, batches = make_trainer(tmp_path)
+    first.fit(batches, 3)
+    resumed, batches = make_trainer(tmp_path)
+    torch.manual_seed(999)  # the saved RNG state must win over this
+    history = resumed.fit(batches, 6, resume=True)
+    drop = ('epoch_seconds',)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in history] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in full]
+    for a, b in zip(resumed.model.parameters(), expected, strict=True):
+        assert torch.equal(a, b)
+    rows = json.loads((tmp_path / 'metrics.json').read_text())
+    assert [r['epoch'] for r in rows] == list(range(1, 7))
+    assert (tmp_path / 'metrics.csv').read_text().startswith('epoch,train_loss')
+
+
+def test_best_checkpoint_and_loading(tmp_path):
+    trainer, batches = make_trainer(tmp_path)
+    trainer.fit(batches, 5)
+    state = load_best_model(trainer.model, tmp_path)
+    assert state['epoch'] == trainer.best_epoch
+    assert state['metrics']['acc'] == max(r['acc'] for r in trainer.history)
+
+
+def test_corrupt_checkpoint_is_detected(tmp_path):
+    trainer, batches = make_trainer(tmp_path)
+    trainer.fit(batches, 2)
+    path = tmp_path / 'last.pt'
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match='checksum'):
+        make_trainer(tmp_path)[0].fit(batches, 3, resume=True)
+    path.write_bytes(bytes(data[:100]))
+    with pytest.raises(CorruptFileError):
+        load_verified(path)
+    (tmp_path / 'other.pt').write_bytes(b'not a checkpoint')
+    with pytest.raises(CorruptFileError, match='not a verified'):
+        load_verified(tmp_path / 'other.pt')
+
+
+def test_early_stopping_and_errors():
+    trainer, batches = make_trainer(patience=2)
+    trainer.evaluate = lambda model: {'acc': 0.5}  # never improves after epoch 1
+    history = trainer.fit(batches, 50)
+    assert len(history) == 3 and trainer.best_epoch == 1
+    with pytest.raises(ValueError, match='monitor'):
+        Trainer(torch.nn.Linear(1, 1), None, None, patience=3)
+    trainer, batches = make_trainer()
+    trainer.step = lambda model, batch: torch.tensor(float('nan'),
+                                                     requires_grad=True)
+    with pytest.raises(FloatingPointError, match='epoch 1'):
+        trainer.fit(batches, 1)
+
+
+def test_atomic_and_verified_writes(tmp_path):
+    atomic_write_json(tmp_path / 'a' / 'b.json', {'x': 1})
+    assert json.loads((tmp_path / 'a' / 'b.json').read_text()) == {'x': 1}
+    save_verified({'t': torch.arange(3)}, tmp_path / 'c.pt')
+    assert torch.equal(load_verified(tmp_path / 'c.pt')['t'], torch.arange(3))
+    assert sorted(p.name for p in tmp_path.rglob('*')) == ['a', 'b.json', 'c.pt']
