@@ -1,0 +1,5 @@
+import sys
+
+from pyg_metric_attn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,78 @@
+"""Command line: ``pyg-metric-attn COMMAND ...`` (or ``python -m pyg_metric_attn``)."""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """Parse ``KEY=VALUE``; VALUE as a Python literal when it is one."""
+    key, sep, value = text.partition('=')
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    from pyg_metric_attn.experiments import TASKS, run_experiment
+    from pyg_metric_attn.experiments.report import summary_table
+
+    task_cls = TASKS[args.name]
+    task = task_cls(epochs=args.epochs, progress=not args.no_progress,
+                    **dict(args.option))
+    attentions = (args.attention.split(',') if args.attention
+                  else list(task_cls.default_attentions))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    out = Path(args.out or Path('runs') / args.name)
+    summary = run_experiment(task, attentions, seeds, out,
+                             progress=not args.no_progress)
+    print(f'\n{args.name}: {len(seeds)} seeds, results in {out}/\n')
+    print(summary_table(task, summary))
+    failed = sum(len(s['failed_seeds']) for s in summary.values())
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pyg_metric_attn.experiments import TASKS
+
+    parser = argparse.ArgumentParser(prog='pyg-metric-attn', description=__doc__)
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch CPU threads (default: torch decides)')
+    commands = parser.add_subparsers(dest='command', required=True)
+
+    exp = commands.add_parser(
+        'experiment', help='train every (attention, seed) pair of a task, then '
+        'write JSON logs, curves, a violin plot and a summary table')
+    exp.add_argument('name', choices=sorted(TASKS))
+    exp.add_argument('--attention', help='comma-separated attention types '
+                     '(default: the task\'s)')
+    exp.add_argument('--seeds', type=int, default=10, help='number of seeds')
+    exp.add_argument('--first-seed', type=int, default=0)
+    exp.add_argument('--epochs', type=int, default=None,
+                     help='epochs per run (default: the task\'s)')
+    exp.add_argument('--out', help='output folder (default: runs/NAME)')
+    exp.add_argument('--option', '-o', type=_option, action='append', default=[],
+                     metavar='KEY=VALUE', help='task option, e.g. -o lr=1e-3')
+    exp.add_argument('--no-progress', action='store_true')
+    exp.set_defaults(func=_experiment)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args.func(args)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Figures and summary table of an experiment's runs."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pyg_metric_attn.experiments.task import Task  # noqa: E402
+from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text  # noqa: E402
+
+
+def summarise(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per attention: final-metric statistics, timings and failed seeds."""
+    summary: dict[str, Any] = {}
+    for attention in dict.fromkeys(r['attention'] for r in records):
+        runs = [r for r in records if r['attention'] == attention]
+        ok = [r for r in runs if r['status'] == 'ok']
+        values = np.array([r['final'][task.final_metric] for r in ok], dtype=float)
+        epoch_seconds = [row['epoch_seconds'] for r in ok for row in r['history']]
+        nan = float('nan')
+        high, low = (values.max(), values.min()) if len(values) else (nan, nan)
+        summary[attention] = {
+            'runs': len(ok),
+            'failed_seeds': [r['seed'] for r in runs if r['status'] != 'ok'],
+            'mean': float(values.mean()) if len(values) else nan,
+            'std': float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            'best': float(high if task.higher_is_better else low),
+            'worst': float(low if task.higher_is_better else high),
+            'seconds_per_epoch': (float(np.mean(epoch_seconds))
+                                  if epoch_seconds else float('nan')),
+            'seconds_per_run': (float(np.mean([r['wall_seconds'] for r in ok]))
+                                if ok else float('nan')),
+        }
+    return summary
+
+
+def _fmt(metric: str, value: float) -> str:
+    if 'acc' in metric:
+        return f'{100 * value:.2f}'
+    return f'{value:.4g}'
+
+
+def summary_table(task: Task, summary: dict[str, Any]) -> str:
+    """A Markdown table of :func:`summarise`'s result."""
+    metric = task.final_metric
+    unit = ' (%)' if 'acc' in metric else ''
+    lines = [f'| attention | runs | {metric}{unit} mean ± std | best | worst '
+             f'| s/epoch | s/run |',
+             '|---|---|---|---|---|---|---|']
+    for attention, s in summary.items():
+        runs = f"{s['runs']}" + (f" ({len(s['failed_seeds'])} failed)"
+                                 if s['failed_seeds'] else '')
+        lines.append(
+            f"| {attention} | {runs} | {_fmt(metric, s['mean'])} ± "
+            f"{_fmt(metric, s['std'])} | {_fmt(metric, s['best'])} | "
+            f"{_fmt(metric, s['worst'])} | {s['seconds_per_epoch']:.3f} | "
+            f"{s['seconds_per_run']:.1f} |")
+    return '\n'.join(lines) + '\n'
+
+
+def plot_curves(task: Task, records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Per-epoch curves: mean over seeds with a min-max band per attention."""
+    metrics = list(task.curve_metrics)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8),
+                             squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for attention in dict.fromkeys(r['attention'] for r in records):
+            curves = [[row[metric] for row in r['history'] if metric in row]
+                      for r in records
+                      if r['attention'] == attention and r['status'] == 'ok']
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)  # early stopping may differ
+            values = np.array([c[:length] for c in curves], dtype=float)
+            epochs = np.arange(1, length + 1)
+            line, = ax.plot(epochs, values.mean(0), label=attention)
+            ax.fill_between(epochs, values.min(0), values.max(0), alpha=0.2,
+                            color=line.get_color())
+        ax.set_xlabel('epoch')
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f'{task.name}: mean over seeds, band = min to max')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_violin(task: Task, records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Violin plot of the final metric per attention, seeds as dots."""
+    metric = task.final_metric
+    groups = {}
+    for attention in dict.fromkeys(r['attention'] for r in records):
+        values = [r['final'][metric] for r in records
+                  if r['attention'] == attention and r['status'] == 'ok']
+        if values:
+            groups[attention] = values
+    fig, ax = plt.subplots(figsize=(1.6 * max(len(groups), 2) + 1, 3.8))
+    if groups:
+        positions = np.arange(1, len(groups) + 1)
+        # A violin needs spread; seeds that all agree are shown as dots only.
+        spread = [i for i, v in enumerate(groups.values()) if np.ptp(v) > 0]
+        if spread:
+            ax.violinplot([list(groups.values())[i] for i in spread],
+                          positions=positions[spread], showmeans=True)
+        for position, values in zip(positions, groups.values(), strict=True):
+            jitter = np.random.default_rng(0).uniform(-0.08, 0.08, len(values))
+            ax.scatter(position + jitter, values, s=10, color='k', zorder=3)
+        ax.set_xticks(positions, list(groups))
+    ax.set_ylabel(f'final {metric}')
+    ax.set_title(f'{task.name}: final {metric} over seeds')
+    ax.grid(alpha=0.3, axis='y')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(task: Task, records: Sequence[dict[str, Any]],
+                 out_dir: Path) -> dict[str, Any]:
+    """Write ``summary.json``, ``summary.md``, ``curves.png`` and ``violin.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarise(task, records)
+    atomic_write_json(out_dir / 'summary.json', summary)
+    atomic_write_text(out_dir / 'summary.md', summary_table(task, summary))
+    plot_curves(task, records, out_dir / 'curves.png')
+    plot_violin(task, records, out_dir / 'violin.png')
+    return summary

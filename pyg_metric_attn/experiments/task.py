@@ -1,0 +1,39 @@
+"""What the experiment runner needs to know about a task."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+
+class Task(ABC):
+    """One experiment: trains one model for an ``(attention, seed)`` pair.
+
+    Subclasses set the class attributes and implement :meth:`run`, which
+    returns ``{'history': [per-epoch rows], 'final': {metric: value},
+    'config': {...}}``. History rows hold at least ``epoch``, ``train_loss``
+    and ``epoch_seconds`` (see :class:`~pyg_metric_attn.training.Trainer`).
+    """
+    name: ClassVar[str]
+    #: Attention types run when the command line names none.
+    default_attentions: ClassVar[tuple[str, ...]] = ('metric', 'l2', 'dot', 'gat')
+    #: The final metric the summary table and violin plot report.
+    final_metric: ClassVar[str] = 'test_acc'
+    #: Per-epoch metrics drawn as curves (mean and min-max band).
+    curve_metrics: ClassVar[tuple[str, ...]] = ('train_loss', 'test_acc')
+    #: Whether a larger ``final_metric`` is better.
+    higher_is_better: ClassVar[bool] = True
+
+    def __init__(self, epochs: int | None = None, progress: bool = True,
+                 **options: Any):
+        self.epochs = epochs
+        self.progress = progress
+        self.options = options
+
+    @abstractmethod
+    def run(self, attention: str, seed: int) -> dict[str, Any]:
+        """Train and evaluate one model; see the class docstring."""
+
+    def config(self) -> dict[str, Any]:
+        """Settings recorded with every run (a finished run is reused only if
+        its recorded config equals the current one)."""
+        return {'epochs': self.epochs, **self.options}
