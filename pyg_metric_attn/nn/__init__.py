@@ -1,5 +1,7 @@
 from pyg_metric_attn.nn.conv import MetricAttentionConv
+from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.models import IPN
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 
-__all__ = ['IPN', 'MetricAttentionConv', 'ResidualTanhMLP']
+__all__ = ['IPN', 'MetricAttentionConv', 'MetricMultiheadAttention',
+           'ResidualTanhMLP']

@@ -1,0 +1,230 @@
+r"""Dense multi-head metric-attention with :class:`torch.nn.MultiheadAttention`'s
+call and mask conventions."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, Parameter
+from torch_geometric.utils import to_dense_batch
+
+from pyg_metric_attn.nn.functional import dense_metric_attention
+from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP, check_metric
+
+
+class MetricMultiheadAttention(torch.nn.Module):
+    r"""Multi-head attention whose logits come from a learned pseudo-metric.
+
+    Per head :math:`h` with :math:`D = \text{embed\_dim} / H`:
+
+    * ``'metric'``: :math:`s_{ij} = -\|\phi(x_i)_h - \phi(y_j)_h\|^2 / t`
+      with :math:`\phi(u) = u + W_2 \tanh(W_1 u + b_1) + b_2` shared by
+      queries and keys (Ruan & Zhang's metric-attention),
+    * ``'l2'``: the same with a tied linear map :math:`\phi(u) = W u`
+      (L2 self-attention, :math:`W_Q = W_K`),
+    * ``'dot'``: :math:`s_{ij} = (W_q x_i)_h^\top (W_k y_j)_h / (\sqrt{D}\, t)`.
+
+    Values and the output use the usual projections :math:`W_v, W_o`. All
+    three run through :func:`~torch.nn.functional.scaled_dot_product_attention`
+    (see :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`), so no
+    ``L x S`` score matrix is stored unless ``need_weights=True``.
+
+    Args:
+        embed_dim (int): Model width (divisible by ``num_heads``).
+        num_heads (int): Number of heads.
+        metric (str, optional): ``'metric'``, ``'l2'`` or ``'dot'``.
+            (default: :obj:`'metric'`)
+        dropout (float, optional): Dropout on the attention weights.
+        bias (bool, optional): Biases in the value, output (and ``'dot'``
+            query/key) projections. (default: :obj:`True`)
+        kdim (int, optional): Key width (default ``embed_dim``). For the tied
+            maps a different width gives keys their own map.
+        vdim (int, optional): Value width (default ``embed_dim``).
+        batch_first (bool, optional): Inputs are ``[batch, seq, feature]``.
+            (default: :obj:`True`)
+        mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
+            :math:`\phi`. (default: ``embed_dim``)
+        time_scale (float, optional): The time scale :math:`t`.
+            (default: :obj:`1.0`)
+        learn_time_scale (bool, optional): Learn :math:`t` (log-parametrised).
+    """
+    def __init__(self, embed_dim: int, num_heads: int, metric: str = 'metric',
+                 dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = True,
+                 mlp_channels: int | None = None, time_scale: float = 1.0,
+                 learn_time_scale: bool = False):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"'embed_dim' ({embed_dim}) must be divisible by "
+                             f"'num_heads' ({num_heads})")
+        if not time_scale > 0:
+            raise ValueError(f"'time_scale' must be positive, got {time_scale}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.metric = check_metric(metric)
+        self.dropout = dropout
+        self.kdim = kdim or embed_dim
+        self.vdim = vdim or embed_dim
+        self.batch_first = batch_first
+        self.mlp_channels = mlp_channels or embed_dim
+        self.initial_time_scale = float(time_scale)
+
+        if self.metric == 'dot':
+            self.query_map = Linear(embed_dim, embed_dim, bias=bias)
+            self.key_map = Linear(self.kdim, embed_dim, bias=bias)
+        else:
+            self.query_map = self._tied_map(embed_dim)
+            # None: keys share the query map (the metric case).
+            self.key_map = (self._tied_map(self.kdim)
+                            if self.kdim != embed_dim else None)
+        self.v_proj = Linear(self.vdim, embed_dim, bias=bias)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+        if learn_time_scale:
+            self.log_time_scale = Parameter(torch.empty(()))
+        else:
+            self.register_parameter('log_time_scale', None)
+        self.reset_parameters()
+
+    def _tied_map(self, in_dim: int) -> torch.nn.Module:
+        if self.metric == 'metric':
+            return ResidualTanhMLP(in_dim, self.embed_dim, self.mlp_channels)
+        return Linear(in_dim, self.embed_dim, bias=False)  # a bias cancels
+
+    def reset_parameters(self) -> None:
+        for module in (self.query_map, self.key_map, self.v_proj, self.out_proj):
+            if module is None:
+                continue
+            if isinstance(module, Linear):
+                torch.nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    torch.nn.init.zeros_(module.bias)
+            else:
+                module.reset_parameters()
+        if self.log_time_scale is not None:
+            with torch.no_grad():
+                self.log_time_scale.fill_(math.log(self.initial_time_scale))
+
+    @property
+    def time_scale(self) -> Tensor | float:
+        """The time scale :math:`t` (a tensor when it is learned)."""
+        if self.log_time_scale is not None:
+            return self.log_time_scale.exp()
+        return self.initial_time_scale
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Tensor | None = None, need_weights: bool = True,
+                attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        r"""Attend from ``query`` to ``key``/``value``.
+
+        Masks follow :class:`torch.nn.MultiheadAttention`: a boolean
+        ``key_padding_mask`` ``[B, S]`` or ``attn_mask`` ``[L, S]`` /
+        ``[B * H, L, S]`` marks with :obj:`True` what may *not* be attended to;
+        float masks are added to the logits. ``is_causal=True`` without an
+        ``attn_mask`` applies the causal mask (query :math:`i` sees keys
+        :math:`j \le i`); with one, the given mask is used as the causal mask.
+
+        Returns:
+            ``(output, weights)``: output ``[B, L, E]`` (``[L, B, E]`` unless
+            ``batch_first``), weights ``[B, L, S]`` averaged over heads (or
+            ``[B, H, L, S]``) when ``need_weights``, else :obj:`None`.
+        """
+        if not self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        self._check(query, key, value)
+        batch, num_queries, num_keys = query.size(0), query.size(1), key.size(1)
+        q, k = self._embed(query, key)
+        v = self._split_heads(self.v_proj(value))
+        mask = self._sdpa_mask(key_padding_mask, attn_mask, batch, num_queries,
+                               num_keys, q.dtype)
+        out, weights = dense_metric_attention(
+            q, k, v, self.metric, self.time_scale, attn_mask=mask,
+            is_causal=is_causal and attn_mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, num_queries,
+                                                        self.embed_dim))
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(dim=1)
+        return out, weights
+
+    def forward_point_sets(self, x: Tensor, batch: Tensor | None = None) -> Tensor:
+        """Self-attention among all points of each set (e.g. all nodes of each
+        graph of a PyG mini-batch), ``[N, E] -> [N, E]``."""
+        dense, mask = to_dense_batch(x, batch)  # [B, L, E], [B, L]
+        if not self.batch_first:
+            dense = dense.transpose(0, 1)
+        out, _ = self(dense, dense, dense, key_padding_mask=~mask,
+                      need_weights=False)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        return out[mask]
+
+    def _check(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, tensor, width in (('query', query, self.embed_dim),
+                                    ('key', key, self.kdim),
+                                    ('value', value, self.vdim)):
+            if tensor.dim() != 3 or tensor.size(-1) != width:
+                raise ValueError(f"'{name}' must have shape [batch, length, "
+                                 f"{width}], got {list(tensor.shape)}")
+        if key.shape[:2] != value.shape[:2] or key.size(0) != query.size(0):
+            raise ValueError(f"Batch/length mismatch: query {list(query.shape)}, "
+                             f"key {list(key.shape)}, value {list(value.shape)}")
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """``[B, L, E]`` -> ``[B, H, L, D]``."""
+        return x.view(x.size(0), x.size(1), self.num_heads,
+                      self.head_dim).transpose(1, 2)
+
+    def _embed(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        q = self.query_map(query)
+        if self.key_map is not None:
+            k = self.key_map(key)
+        elif key is query:
+            k = q
+        else:
+            k = self.query_map(key)
+        return self._split_heads(q), self._split_heads(k)
+
+    def _sdpa_mask(self, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+                   batch: int, num_queries: int, num_keys: int,
+                   dtype: torch.dtype) -> Tensor | None:
+        """Both torch-MHA masks as one SDPA mask (True / 0 = may attend)."""
+        masks = []
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (batch, num_keys):
+                raise ValueError(f"'key_padding_mask' must have shape "
+                                 f"[{batch}, {num_keys}], got "
+                                 f"{list(key_padding_mask.shape)}")
+            masks.append(key_padding_mask.view(batch, 1, 1, num_keys))
+        if attn_mask is not None:
+            if attn_mask.dim() == 3:
+                attn_mask = attn_mask.view(batch, self.num_heads, num_queries,
+                                           num_keys)
+            elif attn_mask.shape != (num_queries, num_keys):
+                raise ValueError(f"'attn_mask' must have shape [{num_queries}, "
+                                 f"{num_keys}] or [batch * heads, "
+                                 f"{num_queries}, {num_keys}], got "
+                                 f"{list(attn_mask.shape)}")
+            masks.append(attn_mask)
+        if not masks:
+            return None
+        if all(m.dtype == torch.bool for m in masks):
+            allowed = ~masks[0]
+            for m in masks[1:]:
+                allowed = allowed & ~m
+            return allowed
+        total = torch.zeros((), dtype=dtype, device=masks[0].device)
+        blocked = torch.tensor(float('-inf'), dtype=dtype, device=total.device)
+        for m in masks:
+            total = total + (torch.where(m, blocked, total.new_zeros(()))
+                             if m.dtype == torch.bool else m.to(dtype))
+        return total
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.embed_dim}, '
+                f'num_heads={self.num_heads}, metric={self.metric!r})')

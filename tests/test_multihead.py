@@ -1,0 +1,162 @@
+"""MetricMultiheadAttention against torch.nn.MultiheadAttention and a naive
+float64 cdist reference, with torch's mask conventions."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from pyg_metric_attn import MetricMultiheadAttention
+
+METRICS = ['metric', 'l2', 'dot']
+
+
+def naive(mha: MetricMultiheadAttention, query, key, value, blocked=None):
+    """Float64 per-head loop from the raw weights; ``blocked`` [B, L, S] bool."""
+    mha = copy.deepcopy(mha).double()
+    query, key, value = query.double(), key.double(), value.double()
+    H, D = mha.num_heads, mha.head_dim
+
+    def phi(module, u):
+        if isinstance(module, torch.nn.Linear):
+            out = u @ module.weight.T
+            return out + module.bias if module.bias is not None else out
+        hidden = torch.tanh(u @ module.hidden.weight.T + module.hidden.bias)
+        skip = u if module.skip is None else u @ module.skip.weight.T
+        return skip + hidden @ module.out.weight.T + module.out.bias
+
+    q = phi(mha.query_map, query)
+    k = phi(mha.key_map if mha.key_map is not None else mha.query_map, key)
+    v = value @ mha.v_proj.weight.T + mha.v_proj.bias
+    heads = []
+    for h in range(H):
+        qh, kh, vh = (t[..., h * D:(h + 1) * D] for t in (q, k, v))
+        if mha.metric == 'dot':
+            logits = qh @ kh.transpose(1, 2) / math.sqrt(D)
+        else:
+            logits = -torch.cdist(qh, kh).square()
+        logits = logits / mha.time_scale
+        if blocked is not None:
+            logits = logits.masked_fill(blocked, float('-inf'))
+        heads.append(torch.softmax(logits, -1) @ vh)
+    out = torch.cat(heads, -1) @ mha.out_proj.weight.T + mha.out_proj.bias
+    return out
+
+
+def rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize('metric', METRICS)
+@pytest.mark.parametrize('offset', [0.0, 100.0])
+def test_self_attention_with_padding_matches_naive(metric, offset):
+    torch.manual_seed(0)
+    mha = MetricMultiheadAttention(32, 4, metric=metric, time_scale=3.0).eval()
+    x = torch.randn(3, 17, 32) + offset
+    padding = torch.zeros(3, 17, dtype=torch.bool)
+    padding[0, 12:] = True
+    out, weights = mha(x, x, x, key_padding_mask=padding, need_weights=False)
+    assert weights is None
+    expected = naive(mha, x, x, x, padding.view(3, 1, 17).expand(3, 17, 17))
+    tolerance = 1e-4 if (metric == 'dot' and offset) else 1e-5
+    assert rel(out, expected) < tolerance
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_cross_attention_with_attn_mask_and_causal(metric):
+    torch.manual_seed(1)
+    mha = MetricMultiheadAttention(16, 2, metric=metric, kdim=12, vdim=8).eval()
+    query, key, value = torch.randn(2, 9, 16), torch.randn(2, 9, 12), \
+        torch.randn(2, 9, 8)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)  # True = blocked
+    expected = naive(mha, query, key, value, causal.expand(2, 9, 9))
+    by_flag, _ = mha(query, key, value, is_causal=True, need_weights=False)
+    by_mask, _ = mha(query, key, value, attn_mask=causal, need_weights=False)
+    additive = torch.zeros(9, 9).masked_fill(causal, float('-inf'))
+    by_float, weights = mha(query, key, value, attn_mask=additive)
+    for out in (by_flag, by_mask, by_float):
+        assert rel(out, expected) < 1e-5
+    assert weights.shape == (2, 9, 9)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 9), atol=1e-6)
+    assert torch.all(weights.masked_select(causal) == 0)
+
+
+def test_dot_equals_torch_multihead_attention():
+    torch.manual_seed(2)
+    ours = MetricMultiheadAttention(24, 3, metric='dot').eval()
+    torch_mha = torch.nn.MultiheadAttention(24, 3, batch_first=True).eval()
+    with torch.no_grad():
+        torch_mha.in_proj_weight.copy_(torch.cat([ours.query_map.weight,
+                                                  ours.key_map.weight,
+                                                  ours.v_proj.weight]))
+        torch_mha.in_proj_bias.copy_(torch.cat([ours.query_map.bias,
+                                                ours.key_map.bias,
+                                                ours.v_proj.bias]))
+        torch_mha.out_proj.weight.copy_(ours.out_proj.weight)
+        torch_mha.out_proj.bias.copy_(ours.out_proj.bias)
+    x = torch.randn(4, 10, 24)
+    padding = torch.zeros(4, 10, dtype=torch.bool)
+    padding[1, 7:] = True
+    causal = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    ours_out, ours_w = ours(x, x, x, key_padding_mask=padding, attn_mask=causal,
+                            average_attn_weights=False)
+    ref_out, ref_w = torch_mha(x, x, x, key_padding_mask=padding, attn_mask=causal,
+                               average_attn_weights=False)
+    assert torch.allclose(ours_out, ref_out, atol=1e-5)
+    assert torch.allclose(ours_w, ref_w, atol=1e-6)
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_causal_output_ignores_future_tokens(metric):
+    torch.manual_seed(3)
+    mha = MetricMultiheadAttention(16, 4, metric=metric).eval()
+    x = torch.randn(2, 12, 16)
+    changed = x.clone()
+    changed[:, 7:] = torch.randn(2, 5, 16)
+    out, _ = mha(x, x, x, is_causal=True, need_weights=False)
+    out_changed, _ = mha(changed, changed, changed, is_causal=True,
+                         need_weights=False)
+    assert torch.allclose(out[:, :7], out_changed[:, :7], atol=1e-6)
+    assert not torch.allclose(out[:, 7:], out_changed[:, 7:])
+
+
+def test_point_sets_equal_per_set_attention():
+    torch.manual_seed(4)
+    mha = MetricMultiheadAttention(8, 2).eval()
+    x = torch.randn(11, 8)
+    batch = torch.tensor([0] * 4 + [1] * 7)
+    out = mha.forward_point_sets(x, batch)
+    for graph in (0, 1):
+        points = x[batch == graph].unsqueeze(0)
+        expected, _ = mha(points, points, points, need_weights=False)
+        assert torch.allclose(out[batch == graph], expected[0], atol=1e-6)
+
+
+def test_sequence_first_layout_bf16_and_learned_time_scale():
+    torch.manual_seed(5)
+    mha = MetricMultiheadAttention(16, 2, batch_first=False, learn_time_scale=True,
+                                   time_scale=2.0)
+    x = torch.randn(6, 3, 16)  # [L, B, E]
+    out, _ = mha(x, x, x, need_weights=False)
+    batch_first = naive(mha, x.transpose(0, 1), x.transpose(0, 1),
+                        x.transpose(0, 1)).transpose(0, 1)
+    assert rel(out, batch_first) < 1e-5
+    out.sum().backward()
+    assert mha.log_time_scale.grad is not None
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        low, _ = mha(x, x, x, need_weights=False)
+    assert rel(low.float(), batch_first) < 5e-2
+
+
+def test_errors():
+    with pytest.raises(ValueError, match='divisible'):
+        MetricMultiheadAttention(10, 3)
+    mha = MetricMultiheadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"'query' must have shape \[batch, le"):
+        mha(torch.randn(2, 3, 5), torch.randn(2, 3, 8), torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match='key_padding_mask'):
+        x = torch.randn(2, 3, 8)
+        mha(x, x, x, key_padding_mask=torch.zeros(3, 2, dtype=torch.bool))
+    assert repr(mha) == "MetricMultiheadAttention(8, num_heads=2, metric='metric')"
