@@ -27,8 +27,10 @@ def _experiment(args: argparse.Namespace) -> int:
     from pyg_metric_attn.experiments.report import summary_table
 
     task_cls = TASKS[args.name]
+    flags = {dest: getattr(args, dest) for dest in args.task_flags
+             if getattr(args, dest) is not None}
     task = task_cls(epochs=args.epochs, progress=not args.no_progress,
-                    **dict(args.option))
+                    **dict(args.option), **flags)
     attentions = (args.attention.split(',') if args.attention
                   else list(task_cls.default_attentions))
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -52,18 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
     exp = commands.add_parser(
         'experiment', help='train every (attention, seed) pair of a task, then '
         'write JSON logs, curves, a violin plot and a summary table')
-    exp.add_argument('name', choices=sorted(TASKS))
-    exp.add_argument('--attention', help='comma-separated attention types '
-                     '(default: the task\'s)')
-    exp.add_argument('--seeds', type=int, default=10, help='number of seeds')
-    exp.add_argument('--first-seed', type=int, default=0)
-    exp.add_argument('--epochs', type=int, default=None,
-                     help='epochs per run (default: the task\'s)')
-    exp.add_argument('--out', help='output folder (default: runs/NAME)')
-    exp.add_argument('--option', '-o', type=_option, action='append', default=[],
-                     metavar='KEY=VALUE', help='task option, e.g. -o lr=1e-3')
-    exp.add_argument('--no-progress', action='store_true')
-    exp.set_defaults(func=_experiment)
+    tasks = exp.add_subparsers(dest='name', required=True, metavar='NAME')
+    for name in sorted(TASKS):
+        task_cls = TASKS[name]
+        summary = (task_cls.__doc__ or name).strip().splitlines()[0]
+        sub = tasks.add_parser(name, help=summary)
+        sub.add_argument('--attention', help='comma-separated attention types '
+                         f"(default: {','.join(task_cls.default_attentions)})")
+        sub.add_argument('--seeds', type=int, default=10, help='number of seeds')
+        sub.add_argument('--first-seed', type=int, default=0)
+        sub.add_argument('--epochs', type=int, default=None,
+                         help='epochs per run (default: the task\'s)')
+        sub.add_argument('--out', help=f'output folder (default: runs/{name})')
+        sub.add_argument('--option', '-o', type=_option, action='append',
+                         default=[], metavar='KEY=VALUE',
+                         help='task option, e.g. -o lr=1e-3')
+        sub.add_argument('--no-progress', action='store_true')
+        group = sub.add_argument_group(f'{name} options')
+        task_cls.add_arguments(group)
+        sub.set_defaults(func=_experiment,
+                         task_flags=[action.dest for action in group._group_actions])
     return parser
 
 

@@ -29,6 +29,13 @@ class Task(ABC):
         self.progress = progress
         self.options = options
 
+    @classmethod
+    def add_arguments(cls, parser: Any) -> None:
+        """Add this task's command-line flags (e.g. ``--root``) to ``parser``
+        (an argparse argument group). Each flag's ``dest`` is passed to the
+        constructor as a keyword when given; flags default to :obj:`None`."""
+        return None
+
     @abstractmethod
     def run(self, attention: str, seed: int) -> dict[str, Any]:
         """Train and evaluate one model; see the class docstring."""

@@ -33,6 +33,7 @@ def moon_data(num_train: int = 400, num_test: int = 100, noise: float = 0.2,
 
 
 class MoonTask(Task):
+    """Two moons, IPN over point sets (the paper's Appendix A)."""
     name = 'moon'
     defaults: dict[str, Any] = dict(hidden=10, mlp_channels=10, num_layers=1,
                                     heads=1, lr=1e-3, weight_decay=1e-4,
