@@ -50,7 +50,7 @@ COMMON: dict[str, Any] = dict(
     share_embeddings=True, norm_first=False, dropout=0.1, label_smoothing=0.1,
     time_scale='matched', learn_time_scale=False, mlp_channels=None,
     grad_clip=1.0, beam_size=4, alpha=0.6, eval_max_tokens=8000,
-    max_train_examples=None)
+    max_train_examples=None, max_eval_examples=None)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU recipe, tuned on validation BLEU (see RESULTS.md).
@@ -135,10 +135,14 @@ class Multi30kTask(Task):
                   for split in ('train', 'val', 'test')}
         references = {split: data.sentences(split, target)
                       for split in ('val', 'test')}
+        # Subsets for quick checks (None = everything).
+        for split, limit in (('train', o['max_train_examples']),
+                             ('val', o['max_eval_examples']),
+                             ('test', o['max_eval_examples'])):
+            splits[split] = [side[:limit] for side in splits[split]]
+            if split in references:
+                references[split] = references[split][:limit]
         train_src, train_tgt = splits['train']
-        if o['max_train_examples'] is not None:
-            train_src = train_src[:o['max_train_examples']]
-            train_tgt = train_tgt[:o['max_train_examples']]
         lengths = [max(len(s), len(t)) + 2
                    for s, t in zip(train_src, train_tgt, strict=True)]
         pad, bos, eos = tokenizer.pad_index, tokenizer.bos_index, tokenizer.eos_index
