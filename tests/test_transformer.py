@@ -31,10 +31,15 @@ def tiny_model(attention, norm_first=False, vocab=40, **kwargs):
                              **kwargs).double().eval()
 
 
-@pytest.mark.parametrize('attention', METRICS)
-@pytest.mark.parametrize('norm_first', [False, True])
-def test_decoder_does_not_peek_at_future_tokens(attention, norm_first):
-    model = tiny_model(attention, norm_first)
+@pytest.fixture(params=list(itertools.product(METRICS, ['post-norm', 'pre-norm'])),
+                ids='-'.join)
+def model(request):
+    """A float64 model per attention type and layer-norm placement."""
+    attention, norm = request.param
+    return tiny_model(attention, norm_first=norm == 'pre-norm')
+
+
+def test_decoder_does_not_peek_at_future_tokens(model):
     src = torch.randint(4, 40, (3, 9))
     tgt = torch.randint(4, 40, (3, 8))
     logits = model(src, tgt)
@@ -47,10 +52,7 @@ def test_decoder_does_not_peek_at_future_tokens(attention, norm_first):
         assert not torch.allclose(other[:, i + 1:], logits[:, i + 1:])
 
 
-@pytest.mark.parametrize('attention', METRICS)
-@pytest.mark.parametrize('norm_first', [False, True])
-def test_padding_does_not_change_real_tokens(attention, norm_first):
-    model = tiny_model(attention, norm_first)
+def test_padding_does_not_change_real_tokens(model):
     src = torch.randint(4, 40, (2, 7))
     tgt = torch.randint(4, 40, (2, 6))
     padded_src = torch.cat([src, src.new_zeros(2, 5)], dim=1)
@@ -66,10 +68,7 @@ def test_padding_does_not_change_real_tokens(attention, norm_first):
     assert not torch.allclose(unmasked, model(src, tgt))
 
 
-@pytest.mark.parametrize('attention', METRICS)
-@pytest.mark.parametrize('norm_first', [False, True])
-def test_incremental_decoding_matches_full_prefix(attention, norm_first):
-    model = tiny_model(attention, norm_first)
+def test_incremental_decoding_matches_full_prefix(model):
     src = torch.randint(4, 40, (3, 6))
     src[1, 4:] = 0
     tgt = torch.randint(4, 40, (3, 7))
