@@ -137,6 +137,8 @@ def test_task_end_to_end_reuse_and_resume(data, tmp_path):
     for name in ('curves.png', 'summary.md', 'summary.json'):
         assert (tmp_path / 'out' / name).exists()
     checkpoint, = (tmp_path / 'out' / 'checkpoints').glob('metric-seed0-*/best.pt')
+    greedy = (checkpoint.parent / 'test2016.greedy.en').read_text().splitlines()
+    assert len(greedy) == 20
     state = load_verified(checkpoint)
     assert SubwordTokenizer.from_json(state['tokenizer']).vocab_size <= 500
     assert state['model_config']['attention'] == 'metric'
