@@ -121,8 +121,8 @@ def test_task_end_to_end_reuse_and_resume(data, tmp_path):
     vocabulary; finished runs are reused, interrupted ones resumed."""
     shutil.copytree(data.raw_dir, tmp_path / 'data' / 'raw')
     options = dict(root=tmp_path / 'data', d_model=32, num_heads=4, num_layers=1,
-                   dim_feedforward=64, vocab_size=500, max_train_examples=300,
-                   max_eval_examples=20, warmup_steps=2, beam_size=2)
+                   dim_feedforward=64, vocab_size=500, max_train_examples=200,
+                   max_eval_examples=8, warmup_steps=2, beam_size=2)
     task = TASKS['multi30k'](epochs=2, progress=False, **options)
     summary = run_experiment(task, ['metric'], [0], tmp_path / 'out',
                              progress=False)
@@ -138,7 +138,7 @@ def test_task_end_to_end_reuse_and_resume(data, tmp_path):
         assert (tmp_path / 'out' / name).exists()
     checkpoint, = (tmp_path / 'out' / 'checkpoints').glob('metric-seed0-*/best.pt')
     greedy = (checkpoint.parent / 'test2016.greedy.en').read_text().splitlines()
-    assert len(greedy) == 20
+    assert len(greedy) == 8
     state = load_verified(checkpoint)
     assert SubwordTokenizer.from_json(state['tokenizer']).vocab_size <= 500
     assert state['model_config']['attention'] == 'metric'
