@@ -89,6 +89,8 @@ def test_tokenizer_round_trip_and_cache(data, tmp_path, monkeypatch):
     assert load_verified(path)['key']['vocab_size'] == 600
     path.write_bytes(path.read_bytes()[:-20])
     assert SubwordTokenizer.cached(path, train[:500], 600).vocab_size <= 600
+    with pytest.raises(OSError, match='writable copy'):
+        SubwordTokenizer.cached(path / 'not-a-folder.pt', train[:500], 600)
 
 
 def test_bucket_batches_cover_every_example_within_the_token_budget():

@@ -69,7 +69,12 @@ class SubwordTokenizer:
             if state is not None and state.get('key') == key:
                 return cls.from_json(state['tokenizer'])
         tokenizer = cls.train(sentences, vocab_size, min_frequency)
-        save_verified({'key': key, 'tokenizer': tokenizer.to_json()}, path)
+        try:
+            save_verified({'key': key, 'tokenizer': tokenizer.to_json()}, path)
+        except OSError as error:
+            raise OSError(f"Cannot write the tokenizer cache '{path}' ({error}); "
+                          f"point the data root at a writable copy of the "
+                          f"raw files") from error
         return tokenizer
 
     @classmethod
