@@ -51,7 +51,8 @@ COMMON: dict[str, Any] = dict(
     share_embeddings=True, norm_first=False, dropout=0.1, label_smoothing=0.1,
     time_scale='matched', learn_time_scale=False, mlp_channels=None,
     grad_clip=1.0, beam_size=4, alpha=0.6, eval_max_tokens=8000,
-    max_train_examples=None, max_eval_examples=None)
+    max_train_examples=None, max_eval_examples=None, plateau_factor=0.5,
+    plateau_patience=2)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU recipe, fixed before the runs (see RESULTS.md): about 35 min per run
@@ -80,8 +81,7 @@ class Multi30kTask(Task):
         if preset not in PRESETS:
             raise ValueError(f"Unknown preset '{preset}'; expected one of "
                              f"{sorted(PRESETS)}")
-        defaults = {**COMMON, 'plateau_factor': 0.5, 'plateau_patience': 2,
-                    **PRESETS[preset]}
+        defaults = {**COMMON, **PRESETS[preset]}
         unknown = set(options) - set(defaults)
         if unknown:
             raise ValueError(f"Unknown multi30k options {sorted(unknown)}; known: "
@@ -94,9 +94,9 @@ class Multi30kTask(Task):
             raise ValueError(f"'schedule' must be 'cosine' or 'plateau', got "
                              f"'{merged['schedule']}'")
         merged['root'] = str(merged['root'])
-        epochs = epochs or merged.pop('epochs')
-        merged.pop('epochs', None)
-        super().__init__(epochs=epochs, progress=progress, preset=preset, **merged)
+        preset_epochs = merged.pop('epochs')
+        super().__init__(epochs=epochs or preset_epochs, progress=progress,
+                         preset=preset, **merged)
 
     @classmethod
     def add_arguments(cls, parser: Any) -> None:
