@@ -8,7 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyg_metric_attn.training import Trainer, load_best_model, seed_everything
+from pyg_metric_attn.training import (
+    Trainer,
+    WarmupCosine,
+    load_best_model,
+    seed_everything,
+    warmup_cosine,
+)
 from pyg_metric_attn.utils.io import (
     CorruptFileError,
     atomic_write_json,
@@ -83,6 +89,32 @@ def test_corrupt_checkpoint_is_detected(tmp_path):
     (tmp_path / 'other.pt').write_bytes(b'not a checkpoint')
     with pytest.raises(CorruptFileError, match='not a verified'):
         load_verified(tmp_path / 'other.pt')
+
+
+def test_batch_scheduler_and_checkpoint_extras_resume(tmp_path):
+    """A per-batch schedule steps once per optimiser step and resumes with the
+    run; extra entries land in both checkpoints."""
+    def make(out_dir=None):
+        trainer, batches = make_trainer(out_dir)
+        trainer.batch_scheduler = warmup_cosine(trainer.optimizer, 3, 16)
+        trainer.checkpoint_extras = {'vocabulary': ['<pad>', 'a']}
+        return trainer, batches
+
+    trainer, batches = make()
+    full = trainer.fit(batches, 4)  # 4 batches per epoch: 16 steps
+    schedule = WarmupCosine(3, 16)
+    assert [row['lr'] for row in full] == \
+        pytest.approx([1e-2 * schedule(4 * epoch) for epoch in (1, 2, 3, 4)])
+    first, batches = make(tmp_path)
+    first.fit(batches, 2)
+    resumed, batches = make(tmp_path)
+    history = resumed.fit(batches, 4, resume=True)
+    assert [r['lr'] for r in history] == [r['lr'] for r in full]
+    for a, b in zip(resumed.model.parameters(), trainer.model.parameters(),
+                    strict=True):
+        assert torch.equal(a, b)
+    for name in ('best.pt', 'last.pt'):
+        assert load_verified(tmp_path / name)['vocabulary'] == ['<pad>', 'a']
 
 
 def test_early_stopping_and_errors():

@@ -46,6 +46,7 @@ def run_experiment(task: Task, attentions: Sequence[str], seeds: Sequence[int],
     best, worst, seconds per epoch and per run, and the failed runs.
     """
     out_dir = Path(out_dir)
+    task.work_dir = out_dir
     config = json.loads(json.dumps(task.config()))  # as it reads back from JSON
     records = []
     grid = [(attention, seed) for attention in attentions for seed in seeds]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 
@@ -22,6 +23,9 @@ class Task(ABC):
     curve_metrics: ClassVar[tuple[str, ...]] = ('train_loss', 'test_acc')
     #: Whether a larger ``final_metric`` is better.
     higher_is_better: ClassVar[bool] = True
+    #: Set by the runner to the experiment folder: where a task may keep
+    #: per-run checkpoints so that an interrupted run resumes.
+    work_dir: Path | None = None
 
     def __init__(self, epochs: int | None = None, progress: bool = True,
                  **options: Any):

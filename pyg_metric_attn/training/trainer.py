@@ -51,6 +51,8 @@ class Trainer:
         evaluate (callable, optional): ``evaluate(model) -> {name: value}``.
         scheduler (optional): An LR scheduler, stepped once per epoch
             (``ReduceLROnPlateau`` is given the monitored metric).
+        batch_scheduler (optional): An LR scheduler stepped after every
+            optimiser step (e.g. a warm-up), alongside ``scheduler``.
         monitor (str, optional): Metric that decides the best epoch.
         mode (str, optional): ``'max'`` or ``'min'`` for ``monitor``.
         patience (int, optional): Stop after this many epochs without a
@@ -61,13 +63,17 @@ class Trainer:
         grad_clip (float, optional): Clip the gradient norm to this value.
         progress (bool, optional): Show a tqdm bar. (default: :obj:`True`)
         desc (str, optional): Progress bar label.
+        checkpoint_extras (dict, optional): Extra entries stored in every
+            checkpoint (e.g. the vocabulary a model needs to be used).
     """
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, evaluate: EvaluateFn | None = None,
                  scheduler: Any = None, monitor: str | None = None,
                  mode: str = 'max', patience: int | None = None,
                  out_dir: str | Path | None = None, grad_clip: float | None = None,
-                 progress: bool = True, desc: str = 'train'):
+                 progress: bool = True, desc: str = 'train',
+                 batch_scheduler: Any = None,
+                 checkpoint_extras: dict[str, Any] | None = None):
         if mode not in ('max', 'min'):
             raise ValueError(f"'mode' must be 'max' or 'min', got '{mode}'")
         if patience is not None and monitor is None:
@@ -77,6 +83,8 @@ class Trainer:
         self.step = step
         self.evaluate = evaluate
         self.scheduler = scheduler
+        self.batch_scheduler = batch_scheduler
+        self.checkpoint_extras = dict(checkpoint_extras or {})
         self.monitor = monitor
         self.mode = mode
         self.patience = patience
@@ -139,6 +147,8 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                self.grad_clip)
             self.optimizer.step()
+            if self.batch_scheduler is not None:
+                self.batch_scheduler.step()
             total += float(loss.detach())
             count += 1
         return {'epoch': epoch, 'train_loss': total / max(count, 1),
@@ -171,10 +181,13 @@ class Trainer:
 
     def _state(self) -> dict[str, Any]:
         return {
+            **self.checkpoint_extras,
             'model': self.model.state_dict(),
             'optimizer': self.optimizer.state_dict(),
             'scheduler': (self.scheduler.state_dict()
                           if self.scheduler is not None else None),
+            'batch_scheduler': (self.batch_scheduler.state_dict()
+                                if self.batch_scheduler is not None else None),
             'history': self.history,
             'best_epoch': self.best_epoch,
             'rng': {'torch': torch.get_rng_state(),
@@ -190,7 +203,8 @@ class Trainer:
         state = self._state()
         save_verified(state, self.out_dir / 'last.pt')
         if improved:
-            save_verified({'model': state['model'], 'epoch': self.best_epoch,
+            save_verified({**self.checkpoint_extras, 'model': state['model'],
+                           'epoch': self.best_epoch,
                            'metrics': self.best}, self.out_dir / 'best.pt')
 
     def _resume(self) -> None:
@@ -204,6 +218,8 @@ class Trainer:
         self.optimizer.load_state_dict(state['optimizer'])
         if self.scheduler is not None and state['scheduler'] is not None:
             self.scheduler.load_state_dict(state['scheduler'])
+        if self.batch_scheduler is not None and state.get('batch_scheduler'):
+            self.batch_scheduler.load_state_dict(state['batch_scheduler'])
         self.history = state['history']
         self.best_epoch = state['best_epoch']
         torch.set_rng_state(state['rng']['torch'])
