@@ -72,6 +72,7 @@ class HeadBlockCSR:
         self.src = src[self.perm]
         self.crow, self.col = _block_indices(self.ptr, self.src, heads, num_src,
                                              self.index_dtype)
+        self._row_offsets = self.crow.long()  # segment_reduce takes int64
         # The block row of every entry, to broadcast per-row values.
         self.row = torch.repeat_interleave(
             torch.arange(heads * num_dst, device=dst.device,
@@ -107,7 +108,7 @@ class HeadBlockCSR:
     def row_reduce(self, values: Tensor, reduce: str) -> Tensor:
         """Reduce ``[H E]`` values per block row to ``[H N_dst]`` (empty rows
         give the reduction's identity: 0 for ``'sum'``, ``-inf`` for ``'max'``)."""
-        return torch.segment_reduce(values, reduce, offsets=self.crow.long())
+        return torch.segment_reduce(values, reduce, offsets=self._row_offsets)
 
     def broadcast_rows(self, row_values: Tensor) -> Tensor:
         """``[H N_dst]`` -> ``[H E]``: each entry gets its row's value."""
