@@ -262,3 +262,15 @@ def test_point_set_mode_equals_fused_all_pairs_graph_with_gradients(metric):
         results.append([out, xi.grad] + [p.grad for p in conv.parameters()])
     for dense, sparse in zip(*results, strict=True):
         assert torch.allclose(dense, sparse, atol=1e-10)
+
+
+def test_explicit_fused_under_dynamo_runs_eagerly():
+    g = torch.Generator().manual_seed(12)
+    edge_index = random_graph(15, 15, 0.3, g)
+    x = torch.randn(15, 8, generator=g)
+    conv = MetricAttentionConv(8, 4, heads=2, backend='fused',
+                               add_self_loops=False)
+    explanation = torch._dynamo.explain(conv)(x, edge_index)
+    assert explanation.graph_break_count == 1  # around the sparse kernels
+    compiled = torch.compile(conv, backend='eager')
+    assert torch.allclose(compiled(x, edge_index), conv(x, edge_index), atol=1e-6)

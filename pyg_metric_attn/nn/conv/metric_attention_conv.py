@@ -91,6 +91,8 @@ class MetricAttentionConv(MessagePassing):
     where hooks or explain mode need messages, under :func:`torch.compile`, in
     half precision and on other devices (where the fused path runs, through
     the same device-agnostic torch kernels, when asked for, but is untimed).
+    Under :func:`torch.compile` an explicit ``'fused'`` runs eagerly (a graph
+    break).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or ``(source,
@@ -315,21 +317,16 @@ class MetricAttentionConv(MessagePassing):
                      if self.lin_edge is not None and edge_attr is not None
                      else None)
         dropout_mask = self._dropout_mask(edge_index.size(1), z_src)
-        fused = self._runs_fused(values)
-        graph = (HeadBlockCSR(edge_index, num_src, num_dst, self.heads)
-                 if fused or not torch.compiler.is_compiling() else None)
-        if fused:
-            out, weights = sparse_metric_attention(
-                z_dst, z_src, values, graph, self.metric, self.time_scale,
-                edge_bias, dropout_mask)
-            out = out.to(values.dtype)
-            alpha = (graph.to_edges(weights)
-                     if return_attention_weights is not None else None)
+        if self._runs_fused(values):
+            out, alpha = self._fused_attention(
+                z_src, z_dst, values, edge_index, (num_src, num_dst), edge_bias,
+                dropout_mask, return_attention_weights is not None)
         else:
-            if graph is None:
+            if torch.compiler.is_compiling():
                 logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
                                          self.time_scale)
             else:
+                graph = HeadBlockCSR(edge_index, num_src, num_dst, self.heads)
                 logits = graph.to_edges(block_logits(
                     z_dst, z_src, graph, self.metric, self.time_scale))
             alpha = self.edge_updater(edge_index, logits=logits,
@@ -458,6 +455,19 @@ class MetricAttentionConv(MessagePassing):
         return (not torch.compiler.is_compiling()
                 and values.device.type == 'cpu'
                 and values.dtype in (torch.float32, torch.float64))
+
+    @torch.compiler.disable  # sparse CSR kernels: opaque to torch.compile
+    def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
+                         edge_index: Tensor, size: tuple[int, int],
+                         edge_bias: OptTensor, dropout_mask: OptTensor,
+                         need_weights: bool) -> tuple[Tensor, OptTensor]:
+        """The fused path: ``([N_dst, H, C], [E, H] weights or None)``."""
+        graph = HeadBlockCSR(edge_index, *size, self.heads)
+        out, weights = sparse_metric_attention(
+            z_dst, z_src, values, graph, self.metric, self.time_scale,
+            edge_bias, dropout_mask)
+        return (out.to(values.dtype),
+                graph.to_edges(weights) if need_weights else None)
 
     def _dropout_mask(self, num_edges: int, like: Tensor) -> Tensor | None:
         """Attention dropout as a factor ``[E, H]`` on the weights (one draw
