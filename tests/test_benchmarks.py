@@ -6,6 +6,7 @@ import argparse
 
 from benchmarks.cases import dense_attention
 from benchmarks.run import markdown_table, run_one
+from benchmarks.targets import TARGET_GRAPH, sparse_rows, table
 
 
 def options(**overrides):
@@ -59,3 +60,22 @@ def test_markdown_table_has_ratios_to_the_baseline_and_failure_cells():
                         'metric-fused |')
     assert table[2] == '| 2 | 1 | 10 | forward | 200.0 (1.00x) | 50.0 (0.25x) |'
     assert table[3] == '| 2 | 1 | 10 | forward_backward | OOM | 100.0 |'
+
+
+def test_targets_table_marks_met_and_missed_bounds():
+    def result(variant, seconds, memory, status='ok'):
+        return dict(case=dict(suite='sparse', variant=variant, **TARGET_GRAPH),
+                    mode='forward_backward', status=status, median_s=seconds,
+                    peak_over_baseline_mib=memory, peak_mib=memory + 300)
+
+    results = [result('GATConv', 1.0, 1000.0), result('metric-fused', 0.3, 500.0),
+               result('TransformerConv', 2.0, 0.0),
+               result('metric-scatter', 2.5, 0.0), result('l2-fused', 0, 0, 'OOM')]
+    lines = table(sparse_rows(results)).splitlines()
+    assert '| metric-fused fwd+bwd time / GATConv | 0.30 | <= 0.5 | yes |' in lines
+    assert ('| metric-fused fwd+bwd peak memory over baseline / GATConv | 0.50 | '
+            '<= 0.33 | **no** |') in lines
+    assert ('| metric-scatter fwd+bwd time / TransformerConv | 1.25 | <= 1 | '
+            '**no** |') in lines
+    assert any(line.startswith('| l2-fused fwd+bwd time / GATConv | not measured')
+               for line in lines)
