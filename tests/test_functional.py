@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from pyg_metric_attn.nn.functional import attention_logits, dense_metric_attention
 
@@ -31,12 +32,15 @@ def rel(a, b):
 
 @pytest.mark.parametrize('metric', ['metric', 'l2', 'dot'])
 @pytest.mark.parametrize('offset', [0.0, 1e3])
-def test_matches_cdist_reference_with_masks(metric, offset):
+@pytest.mark.parametrize('grad', [False, True])
+def test_matches_cdist_reference_with_masks(metric, offset, grad):
+    """Both SDPA forms (key bias for inference, augmented for training or
+    causal calls) against float64, gradients included."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 3, 2, 33, 8
     q = torch.randn(B, H, L, D, generator=g) + offset
-    k = torch.randn(B, H, L, D, generator=g) + offset
-    v = torch.randn(B, H, L, 5, generator=g)
+    k = (torch.randn(B, H, L, D, generator=g) + offset).requires_grad_(grad)
+    v = torch.randn(B, H, L, 5, generator=g, requires_grad=grad)
     padding = torch.ones(B, L, dtype=torch.bool)
     padding[1, 20:] = False
     mask = padding.view(B, 1, 1, L)
@@ -47,6 +51,38 @@ def test_matches_cdist_reference_with_masks(metric, offset):
         if metric == 'dot' and offset:
             continue  # dot logits of points at 1e3 saturate; not a metric test
         assert rel(out, expected) < 1e-5
+        if not grad:
+            continue
+        weight = torch.randn(out.shape, generator=g)
+        inputs = (k, v)
+        grads = torch.autograd.grad((out * weight).sum(), inputs)
+        expected_grads = torch.autograd.grad((expected * weight).sum(), inputs)
+        for got, expected_grad in zip(grads, expected_grads, strict=True):
+            assert rel(got, expected_grad) < (1e-4 if offset else 1e-5)
+
+
+@pytest.mark.parametrize('grad,causal', [(False, False), (True, False),
+                                         (True, True)])
+def test_peak_memory_grows_linearly_in_length(grad, causal):
+    """The largest buffer of forward (+ backward) grows ~linearly from L to 4L
+    (the explicit ``need_weights`` path grows 16x: the check can fail)."""
+    g = torch.Generator().manual_seed(4)
+
+    def largest_allocation(length, need_weights):
+        q, k, v = (torch.randn(1, 1, length, 8, generator=g, requires_grad=grad)
+                   for _ in range(3))
+        with profile(activities=[ProfilerActivity.CPU],
+                     profile_memory=True) as prof:
+            out, _ = dense_metric_attention(q, k, v, 'metric', 0.5,
+                                            is_causal=causal,
+                                            need_weights=need_weights)
+            if grad:
+                out.sum().backward()
+        return max(event.self_cpu_memory_usage for event in prof.events())
+
+    growth = largest_allocation(2048, False) / largest_allocation(512, False)
+    assert growth <= 4.5
+    assert largest_allocation(2048, True) / largest_allocation(512, True) >= 15
 
 
 def test_float_mask_and_need_weights_agree_with_reference():

@@ -15,6 +15,7 @@ from torch_geometric.utils import to_torch_csc_tensor, to_torch_csr_tensor
 from pyg_metric_attn import MetricAttentionConv
 
 METRICS = ['metric', 'l2', 'dot']
+BACKENDS = ['fused', 'scatter']
 
 
 def reference_forward(conv: MetricAttentionConv, x_src, x_dst, edge_index,
@@ -91,7 +92,8 @@ def rel_error(a, b):
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('add_self_loops', [True, False])
 @pytest.mark.parametrize('heads,concat', [(1, True), (3, True), (3, False)])
-def test_matches_dense_reference(metric, add_self_loops, heads, concat,
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_matches_dense_reference(metric, add_self_loops, heads, concat, backend,
                                  scatter_backend):
     g = torch.Generator().manual_seed(hash((metric, add_self_loops, heads)) % 2**31)
     torch.manual_seed(0)
@@ -100,7 +102,7 @@ def test_matches_dense_reference(metric, add_self_loops, heads, concat,
     x = torch.randn(n, 7, dtype=torch.double, generator=g)
     conv = MetricAttentionConv(7, 5, heads=heads, concat=concat, metric=metric,
                                add_self_loops=add_self_loops, residual=True,
-                               time_scale=0.7).double()
+                               time_scale=0.7, backend=backend).double()
     with torch.no_grad():
         conv.bias.normal_()
     out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
@@ -114,7 +116,8 @@ def test_matches_dense_reference(metric, add_self_loops, heads, concat,
 
 
 @pytest.mark.parametrize('metric', METRICS)
-def test_value_free_edge_features_bipartite_match_reference(metric):
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_value_free_edge_features_bipartite_match_reference(metric, backend):
     g = torch.Generator().manual_seed(1)
     n_src, n_dst = 17, 11
     edge_index = random_graph(n_src, n_dst, 0.3, g)
@@ -122,8 +125,8 @@ def test_value_free_edge_features_bipartite_match_reference(metric):
     x_src = torch.randn(n_src, 6, dtype=torch.double, generator=g)
     x_dst = torch.randn(n_dst, 6, dtype=torch.double, generator=g)
     conv = MetricAttentionConv(6, 6, heads=2, metric=metric, value=False,
-                               edge_dim=4, metric_channels=3,
-                               mlp_channels=9).double()
+                               edge_dim=4, metric_channels=3, mlp_channels=9,
+                               backend=backend).double()
     out = conv((x_src, x_dst), edge_index, edge_attr)
     ref_out, _ = reference_forward(conv, x_src, x_dst, edge_index, edge_attr)
     assert rel_error(out, ref_out) < 1e-6
@@ -142,12 +145,14 @@ def test_unequal_bipartite_widths_use_one_map_per_side():
 
 
 @pytest.mark.parametrize('metric', METRICS)
-def test_gradcheck(metric):
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_gradcheck(metric, backend):
     g = torch.Generator().manual_seed(3)
     edge_index = random_graph(8, 8, 0.4, g)
     edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double, generator=g)
     conv = MetricAttentionConv(4, 3, heads=2, metric=metric, edge_dim=2,
-                               learn_time_scale=True, time_scale=0.5).double()
+                               learn_time_scale=True, time_scale=0.5,
+                               backend=backend).double()
     x = torch.randn(8, 4, dtype=torch.double, generator=g, requires_grad=True)
     params = [p for p in conv.parameters()]
 

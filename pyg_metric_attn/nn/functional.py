@@ -9,13 +9,26 @@ drops out, so
     \mathrm{softmax}_j\!\left(-\|q_i - k_j\|^2 / t\right)
     = \mathrm{softmax}_j\!\left((2\, q_i^\top k_j - \|k_j\|^2) / t\right),
 
-which is SDPA with ``scale = 2/t`` and an additive per-key bias
-:math:`-\|k_j\|^2/t` passed as a broadcast ``attn_mask`` of shape
-``[..., 1, L_k]``. Fused SDPA kernels then apply and no ``L_q x L_k`` score
-matrix needs to be stored. ``q`` and ``k`` are first centred by a common
-vector (distances are translation invariant), which keeps the expanded form
-free of cancellation when points sit far from the origin. ``'dot'`` is plain
-SDPA with ``scale = 1/(sqrt(D) t)``.
+which is SDPA with ``scale = 2/t``, fed in one of two ways:
+
+* **key bias**: an additive per-key bias :math:`-\|k_j\|^2/t` as a broadcast
+  ``attn_mask`` of shape ``[..., 1, L_k]``;
+* **augmented**: plain SDPA on :math:`q' = [q, -\tfrac12]`,
+  :math:`k' = [k, \|k\|^2]` (values padded to the same head width).
+
+Fused SDPA kernels then apply and no ``L_q x L_k`` score matrix is stored.
+Which form, measured on CPU (torch 2.13; ``BENCHMARKS.md``): the flash kernel
+takes a mask, but a mask that requires grad drops SDPA to its quadratic math
+kernel, its backward is 2-3x slower with any mask, and ``is_causal`` cannot be
+combined with a mask. So the key bias serves inference (no gradient, not
+causal), where it runs at SDPA-dot speed; training and causal calls take the
+augmented form, whose flash backward also gives the keys their gradient. Off
+CPU the augmented form always runs (GPU flash kernels take no mask), its head
+width padded to a multiple of 8; that choice is untimed (no GPU was
+available). ``q`` and ``k``
+are first centred by a common vector (distances are translation invariant),
+which keeps the expanded form free of cancellation when points sit far from
+the origin. ``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
 """
 from __future__ import annotations
 
@@ -77,29 +90,70 @@ def dense_metric_attention(
                                    attn_mask, is_causal, dropout_p)
     if metric == 'dot':
         scale = 1.0 / (math.sqrt(query.size(-1)) * time_scale)
-        if is_causal and attn_mask is not None:  # SDPA takes one or the other
-            attn_mask = _combine_masks(query.new_zeros(()), attn_mask, True,
-                                       query.size(-2), key.size(-2))
-            is_causal = False
-        if isinstance(scale, Tensor):
-            query, scale = query * scale, 1.0
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                             dropout_p=dropout_p,
-                                             is_causal=is_causal, scale=scale)
-        return out, None
+        return _sdpa(query, key, value, scale, attn_mask, is_causal,
+                     dropout_p), None
 
     centre = key.mean(dim=-2, keepdim=True).detach()
     query, key = query - centre, key - centre
+    if _needs_augmented_form(query, key, value, time_scale, is_causal):
+        return _augmented_sdpa(query, key, value, time_scale, attn_mask,
+                               is_causal, dropout_p), None
+    return _key_bias_sdpa(query, key, value, time_scale, attn_mask,
+                          dropout_p), None
+
+
+def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
+                          time_scale: float | Tensor, is_causal: bool) -> bool:
+    """Whether the augmented form is the faster fused one (see module
+    docstring): off CPU, causal, or whenever a gradient is needed."""
+    if key.device.type != 'cpu' or is_causal:
+        return True
+    return torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad
+        for t in (query, key, value, time_scale))
+
+
+def _key_bias_sdpa(query: Tensor, key: Tensor, value: Tensor,
+                   time_scale: float | Tensor, attn_mask: Tensor | None,
+                   dropout_p: float) -> Tensor:
+    r"""SDPA with ``scale = 2/t`` and the key bias :math:`-\|k_j\|^2/t`
+    added to ``attn_mask``."""
     key_bias = -key.square().sum(-1).unsqueeze(-2) / time_scale  # [..., 1, L_k]
-    mask = _combine_masks(key_bias, attn_mask, is_causal, query.size(-2),
+    mask = _combine_masks(key_bias, attn_mask, False, query.size(-2),
                           key.size(-2))
-    scale = 2.0 / time_scale
+    return _sdpa(query, key, value, 2.0 / time_scale, mask, False, dropout_p)
+
+
+def _augmented_sdpa(query: Tensor, key: Tensor, value: Tensor,
+                    time_scale: float | Tensor, attn_mask: Tensor | None,
+                    is_causal: bool, dropout_p: float) -> Tensor:
+    r"""Plain SDPA on :math:`q' = [q, -\tfrac12]`, :math:`k' = [k,
+    \|k\|^2]` with ``scale = 2/t``; query, key and value are zero-padded to
+    one head width (the fused kernels need equal widths)."""
+    width = max(query.size(-1) + 1, value.size(-1))
+    if query.device.type != 'cpu':
+        width = -(-width // 8) * 8
+    query = torch.cat([query, query.new_full((*query.shape[:-1], 1), -0.5)], -1)
+    key = torch.cat([key, key.square().sum(-1, keepdim=True)], -1)
+    padded = [F.pad(t, (0, width - t.size(-1))) for t in (query, key, value)]
+    out = _sdpa(*padded, 2.0 / time_scale, attn_mask, is_causal, dropout_p)
+    return out[..., :value.size(-1)]
+
+
+def _sdpa(query: Tensor, key: Tensor, value: Tensor, scale: float | Tensor,
+          attn_mask: Tensor | None, is_causal: bool, dropout_p: float) -> Tensor:
+    """SDPA with a (possibly learned) ``scale`` and both a mask and
+    ``is_causal`` allowed."""
+    if is_causal and attn_mask is not None:  # SDPA takes one or the other
+        attn_mask = _combine_masks(query.new_zeros(()), attn_mask, True,
+                                   query.size(-2), key.size(-2))
+        is_causal = False
     if isinstance(scale, Tensor):
         # SDPA takes a float scale: fold a learned t into the query instead.
         query, scale = query * scale, 1.0
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                         dropout_p=dropout_p, scale=scale)
-    return out, None
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                          dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale)
 
 
 def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,

@@ -21,12 +21,26 @@ from torch_geometric.utils import (
 
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.pseudo_metric import check_metric, tied_map
+from pyg_metric_attn.nn.sparse_attention import (
+    block_logits,
+    gathered_logits,
+    sparse_metric_attention,
+)
 from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
     check_edge_attr,
     check_edge_index,
     check_node_features,
 )
+from pyg_metric_attn.utils.csr import HeadBlockCSR
+
+BACKENDS = ('auto', 'fused', 'scatter')
+# MessagePassing's hook registries: any hook needs the per-edge messages.
+MESSAGE_PASSING_HOOKS = (
+    '_propagate_forward_pre_hooks', '_propagate_forward_hooks',
+    '_message_forward_pre_hooks', '_message_forward_hooks',
+    '_aggregate_forward_pre_hooks', '_aggregate_forward_hooks',
+    '_edge_update_forward_pre_hooks', '_edge_update_forward_hooks')
 
 
 class MetricAttentionConv(MessagePassing):
@@ -54,10 +68,31 @@ class MetricAttentionConv(MessagePassing):
     \mathbf{e}_{ji}` to :math:`s_{ij}`. With ``value=False`` the layer is the
     paper's propagation :math:`H' = S H` (no value map; each head propagates the
     input features). Non-adjacent pairs get zero weight: the softmax runs over
-    each destination's incoming edges only. The distance is formed as
-    :math:`\phi(\mathbf{x}_j) - \phi(\mathbf{x}_i)` per edge, so there is no
-    cancellation when features sit far from the origin, and logits are
-    computed in at least float32 under autocast.
+    each destination's incoming edges only. Logits are computed in at least
+    float32 under autocast, as :math:`2 z_i^\top z_j - \|z_j\|^2` from points
+    :math:`z = \phi(\mathbf{x}) - c` centred on the mean source point (the
+    row constant :math:`\|z_i\|^2` cancels in the softmax), by one sampled
+    dense-dense product (SDDMM) over a CSR view of the graph: no per-edge
+    :math:`E \times H \times D` tensor is formed.
+
+    Two backends compute the same function:
+
+    * ``'fused'``: segment softmax and sparse aggregation (SpMM) on the CSR
+      view with hand-written backward passes
+      (:func:`~pyg_metric_attn.nn.sparse_attention.sparse_metric_attention`);
+      every per-edge tensor is :math:`E \times H`.
+    * ``'scatter'``: PyG message passing (messages :math:`\alpha_{ij}
+      \mathbf{v}_j`, :math:`E \times H \times C`), which runs PyG's message
+      hooks and explain mode (e.g.
+      :class:`~torch_geometric.explain.algorithm.AttentionExplainer`) and
+      compiles without graph breaks.
+
+    ``'auto'`` runs ``'fused'`` on CPU in float32/float64 and ``'scatter'``
+    where hooks or explain mode need messages, under :func:`torch.compile`, in
+    half precision and on other devices (where the fused path runs, through
+    the same device-agnostic torch kernels, when asked for, but is untimed).
+    Under :func:`torch.compile` an explicit ``'fused'`` runs eagerly (a graph
+    break).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or ``(source,
@@ -99,6 +134,9 @@ class MetricAttentionConv(MessagePassing):
             (default: :obj:`True`)
         residual (bool, optional): Add a linear map of the destination features
             to the output. (default: :obj:`False`)
+        backend (str, optional): ``'auto'``, ``'fused'`` or ``'scatter'`` (see
+            above); ``'fused'`` still falls back to ``'scatter'`` while message
+            hooks or explain mode are active. (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
@@ -131,6 +169,7 @@ class MetricAttentionConv(MessagePassing):
         fill_value: float | Tensor | str = 'mean',
         bias: bool = True,
         residual: bool = False,
+        backend: str = 'auto',
         **kwargs: Any,
     ):
         kwargs.setdefault('aggr', 'add')
@@ -144,6 +183,9 @@ class MetricAttentionConv(MessagePassing):
                              f"heads={heads}, out_channels={out_channels}")
         if not time_scale > 0:
             raise ValueError(f"'time_scale' must be positive, got {time_scale}")
+        if backend not in BACKENDS:
+            raise ValueError(f"Unknown backend '{backend}'; expected one of "
+                             f"{BACKENDS}")
         if not value and src_channels > 0 and out_channels != src_channels:
             raise ValueError(
                 f"'value=False' propagates the input features unchanged, so "
@@ -165,6 +207,7 @@ class MetricAttentionConv(MessagePassing):
         self.edge_dim = edge_dim
         self.fill_value = fill_value
         self.residual = residual
+        self.backend = backend
         self._src_channels = src_channels
         self._dst_channels = dst_channels
 
@@ -269,10 +312,29 @@ class MetricAttentionConv(MessagePassing):
                 num_nodes=min(num_src, num_dst))
 
         z_src, z_dst = self._embed(x_src, x_dst)
-        alpha = self.edge_updater(edge_index, z=(z_src, z_dst),
-                                  edge_attr=edge_attr, size=(num_src, num_dst))
-        out = self.propagate(edge_index, x=(self._values(x_src), None),
-                             alpha=alpha, size=(num_src, num_dst))
+        values = self._values(x_src)
+        edge_bias = (self.lin_edge(edge_attr)
+                     if self.lin_edge is not None and edge_attr is not None
+                     else None)
+        dropout_mask = self._dropout_mask(edge_index.size(1), z_src)
+        if self._runs_fused(values):
+            out, alpha = self._fused_attention(
+                z_src, z_dst, values, edge_index, (num_src, num_dst), edge_bias,
+                dropout_mask, return_attention_weights is not None)
+        else:
+            if torch.compiler.is_compiling():
+                logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
+                                         self.time_scale)
+            else:
+                graph = HeadBlockCSR(edge_index, num_src, num_dst, self.heads)
+                logits = graph.to_edges(block_logits(
+                    z_dst, z_src, graph, self.metric, self.time_scale))
+            alpha = self.edge_updater(edge_index, logits=logits,
+                                      edge_bias=edge_bias,
+                                      dropout_mask=dropout_mask,
+                                      size=(num_src, num_dst))
+            out = self.propagate(edge_index, x=(values, None), alpha=alpha,
+                                 size=(num_src, num_dst))
 
         out = self._combine_heads(out, x_dst)
         if return_attention_weights is not None:
@@ -383,18 +445,44 @@ class MetricAttentionConv(MessagePassing):
             return x_src.unsqueeze(1).expand(-1, self.heads, -1)
         return self.lin_value(x_src).view(-1, self.heads, self.out_channels)
 
-    def edge_update(self, z_j: Tensor, z_i: Tensor, edge_attr: OptTensor,
-                    index: Tensor, ptr: OptTensor,
+    def _runs_fused(self, values: Tensor) -> bool:
+        """Whether this call takes the fused path (see the class docstring)."""
+        if self.backend == 'scatter' or self.explain or any(
+                getattr(self, name) for name in MESSAGE_PASSING_HOOKS):
+            return False
+        if self.backend == 'fused':
+            return True
+        return (not torch.compiler.is_compiling()
+                and values.device.type == 'cpu'
+                and values.dtype in (torch.float32, torch.float64))
+
+    @torch.compiler.disable  # sparse CSR kernels: opaque to torch.compile
+    def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
+                         edge_index: Tensor, size: tuple[int, int],
+                         edge_bias: OptTensor, dropout_mask: OptTensor,
+                         need_weights: bool) -> tuple[Tensor, OptTensor]:
+        """The fused path: ``([N_dst, H, C], [E, H] weights or None)``."""
+        graph = HeadBlockCSR(edge_index, *size, self.heads)
+        out, weights = sparse_metric_attention(
+            z_dst, z_src, values, graph, self.metric, self.time_scale,
+            edge_bias, dropout_mask)
+        return (out.to(values.dtype),
+                graph.to_edges(weights) if need_weights else None)
+
+    def _dropout_mask(self, num_edges: int, like: Tensor) -> Tensor | None:
+        """Attention dropout as a factor ``[E, H]`` on the weights (one draw
+        shared by both backends)."""
+        if not self.training or self.dropout == 0.0:
+            return None
+        return F.dropout(like.new_ones(num_edges, self.heads), p=self.dropout)
+
+    def edge_update(self, logits: Tensor, edge_bias: OptTensor,
+                    dropout_mask: OptTensor, index: Tensor, ptr: OptTensor,
                     dim_size: int | None) -> Tensor:
-        if self.metric == 'dot':
-            logits = (z_i * z_j).sum(-1) / math.sqrt(self.metric_channels)
-        else:
-            logits = -(z_j - z_i).square().sum(-1)
-        logits = logits / self.time_scale
-        if self.lin_edge is not None and edge_attr is not None:
-            logits = logits + self.lin_edge(edge_attr).to(logits.dtype)
+        if edge_bias is not None:
+            logits = logits + edge_bias.to(logits.dtype)
         alpha = softmax(logits, index, ptr, dim_size)
-        return F.dropout(alpha, p=self.dropout, training=self.training)
+        return alpha if dropout_mask is None else alpha * dropout_mask
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
         return alpha.unsqueeze(-1).to(x_j.dtype) * x_j

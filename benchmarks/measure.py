@@ -1,0 +1,102 @@
+"""Measure one case in one mode in this (fresh) process; prints one JSON line.
+
+    python -m benchmarks.measure '{"suite": "sparse", ...}' forward --threads 2
+
+A warm-up run, then at least ``--repeats`` timed runs (more for fast steps,
+up to about ``--min-time`` seconds); the median wall time. Memory: the peak
+resident set size (``getrusage``) and the peak over the resident size after
+imports and inputs (what the step itself adds), or
+``torch.cuda.max_memory_allocated`` on a GPU. An allocation failure prints
+``status: OOM``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+import psutil
+import torch
+
+from benchmarks.cases import MODES, build
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB
+
+
+def current_rss_mib() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_step(step, device: torch.device, repeats: int,
+              min_time: float) -> list[float]:
+    step()  # warm-up
+    synchronize(device)
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < min_time and len(times) < 50):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(case: dict, mode: str, device: torch.device, repeats: int,
+            min_time: float) -> dict:
+    step = build(case, mode, device)
+    result = dict(mode=mode, status='ok')
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device) / 2**20
+    else:
+        baseline = current_rss_mib()
+    times = time_step(step, device, repeats, min_time)
+    if device.type == 'cuda':
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = peak_rss_mib()
+    result.update(times_s=times, median_s=statistics.median(times),
+                  peak_mib=peak, baseline_mib=baseline,
+                  peak_over_baseline_mib=peak - baseline)
+    return result
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return 'allocate' in text or 'out of memory' in text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('case', help='the case as JSON')
+    parser.add_argument('mode', choices=MODES)
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--min-time', type=float, default=1.0,
+                        help='repeat fast steps until this many seconds')
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    case, device = json.loads(args.case), torch.device(args.device)
+    try:
+        result = measure(case, args.mode, device, args.repeats, args.min_time)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        result = dict(mode=args.mode, status='OOM', error=str(error)[:200])
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
