@@ -22,6 +22,7 @@ from pyg_metric_attn.geometry.cache import OperatorCache
 from pyg_metric_attn.geometry.mesh import (
     MeshError,
     check_mesh,
+    face_areas,
     mesh_edges,
     normalize_positions,
 )
@@ -54,7 +55,9 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
     Attributes: ``pos`` (centred, unit max radius), ``face`` ``[3, F]``,
     ``edge_index`` (the undirected mesh edges, both directions),
     ``edge_label_index`` ``[2, E]`` (each edge once, in MeshCNN's order, see
-    :func:`~pyg_metric_attn.geometry.mesh_edges`), ``name`` and, where given
+    :func:`~pyg_metric_attn.geometry.mesh_edges`), ``edge_label_weight``
+    (MeshCNN's edge areas: a third of the adjacent faces' areas over the
+    total area; they sum to one), ``name`` and, where given
     (0-based), ``y`` (face labels), ``edge_label``, ``edge_label_soft``
     (``[E, C]`` booleans: the classes with a positive soft label, as MeshCNN
     reads ``.seseg`` files) and ``vertex_y``. Without face labels, ``y`` is
@@ -69,6 +72,10 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
                 face=torch.from_numpy(face.T.copy()), name=name,
                 num_nodes=len(pos))
     data.edge_label_index = torch.from_numpy(edges.T.copy())
+    areas = face_areas(pos, face)
+    data.edge_label_weight = torch.from_numpy(np.bincount(
+        side_ids.reshape(-1), weights=np.repeat(areas, 3), minlength=len(edges))
+        / (3 * areas.sum())).float()
     edge_index, _ = remove_self_loops(data.edge_label_index)
     data.edge_index = to_undirected(edge_index, num_nodes=len(pos))
 
