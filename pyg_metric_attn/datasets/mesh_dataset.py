@@ -132,6 +132,11 @@ def compute_operators(data_list: list[Data], settings: dict[str, Any],
         data.x = data.hks
 
 
+def _labels(data: Data) -> str:
+    keys = [key for key in ('y', 'vertex_y', 'edge_label') if key in data]
+    return ', '.join(keys) or 'none'
+
+
 class MeshDataset(InMemoryDataset):
     r"""Base class of the mesh data sets. Subclasses yield the keyword
     arguments of :func:`mesh_data` for each mesh from :meth:`raw_meshes` and
@@ -190,11 +195,17 @@ class MeshDataset(InMemoryDataset):
         data_list = [mesh_data(**record) for record in tqdm(
             records, desc='reading meshes', disable=not self.log,
             dynamic_ncols=True)]
+        if self.pre_filter is not None:  # before the costly operators
+            data_list = [d for d in data_list if self.pre_filter(d)]
+        for data in data_list[1:]:  # one batch needs the same labels everywhere
+            if set(data.keys()) != set(data_list[0].keys()):
+                raise ValueError(
+                    f"The meshes '{data_list[0].name}' and '{data.name}' have "
+                    f"different labels ({_labels(data_list[0])} vs "
+                    f"{_labels(data)}): label all meshes alike or none")
         compute_operators(data_list, self.settings,
                           Path(self.processed_dir) / 'operators',
                           self.num_workers, progress=self.log)
-        if self.pre_filter is not None:
-            data_list = [d for d in data_list if self.pre_filter(d)]
         if self.pre_transform is not None:
             data_list = [self.pre_transform(d) for d in data_list]
         data, slices = self.collate(data_list)
