@@ -8,7 +8,8 @@ the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
 :class:`~pyg_metric_attn.nn.MetricAttentionConv`) or PyG's ``'gat'``,
 ``'gatv2'``, ``'transformer'`` in the same slots, or ``'metricformer'``,
 :class:`~pyg_metric_attn.nn.models.MetricMeshFormer` (local plus global
-metric-attention with residual feed-forward blocks).
+metric-attention with residual feed-forward blocks; its learning rate follows a
+cosine schedule to zero over the epochs unless ``former_cosine=False``).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -58,8 +59,8 @@ class HumanSegTask(Task):
         time_scale=1.0, learn_time_scale=False,
         features='hks', val_fraction=0.0, data_seed=0,
         # MetricMeshFormer ('metricformer').
-        former_hidden=128, former_layers=4, former_heads=4, former_dropout=0.1,
-        former_global=True,
+        former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
+        former_global=True, former_global_stride=8, former_cosine=True,
         # Data.
         root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
         synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
@@ -143,7 +144,8 @@ class HumanSegTask(Task):
                                     len(BODY_PARTS), o['former_layers'],
                                     o['former_heads'],
                                     dropout=o['former_dropout'],
-                                    global_attention=o['former_global'])
+                                    global_attention=o['former_global'],
+                                    global_stride=o['former_global_stride'])
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
@@ -190,6 +192,10 @@ class HumanSegTask(Task):
         model = self.build_model(attention)
         optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
                                      weight_decay=o['weight_decay'])
+        scheduler = None
+        if attention == STRONG_MODEL and o['former_cosine']:
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                                   self.epochs)
 
         def batches(epoch: int):
             generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -203,8 +209,8 @@ class HumanSegTask(Task):
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             return self.evaluate(model, evaluation).compute(f'{self.eval_split}_')
 
-        trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
-                          progress=self.progress,
+        trainer = Trainer(model, optimizer, step, evaluate, scheduler=scheduler,
+                          out_dir=out_dir, progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}')
         trainer.fit(batches, self.epochs, resume=resume)
         return model, trainer
