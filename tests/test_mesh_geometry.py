@@ -218,3 +218,27 @@ def test_operator_cache_hit_corruption_and_mismatch(tmp_path, monkeypatch):
     # Settings are part of the key.
     assert operator_cache_key(pos, face, {'k': 8}) != operator_cache_key(
         pos, face, {'k': 16})
+
+
+def test_mesh_transforms(tmp_path):
+    import torch
+    from torch_geometric.data import Data
+
+    from pyg_metric_attn.transforms import MeshOperators, NormalizeMesh
+
+    pos, face = sphere(1)
+    data = Data(pos=torch.tensor(pos * 3 + 1, dtype=torch.float),
+                face=torch.from_numpy(face.T.copy()), name='ball')
+    data = NormalizeMesh()(data)
+    radius = data.pos.norm(dim=1)
+    assert float(radius.max()) == pytest.approx(1.0, abs=1e-6)
+    assert data.pos.mean(0).abs().max() < 1e-6
+    transform = MeshOperators(k=9, gradients=True, cache_dir=tmp_path,
+                              keep=('hks', 'evals', 'evecs', 'grad_x', 'frames'))
+    out = transform(data)
+    assert out.hks.shape == (42, 16) and out.evals.shape == (1, 9)
+    assert out.evecs.shape == (42, 9) and out.grad_x.is_sparse
+    assert out.frames.shape == (42, 3, 3)
+    assert len(list(tmp_path.rglob('*.pt'))) == 1
+    with pytest.raises(KeyError, match='Unknown operator'):
+        MeshOperators(k=9, keep=('nope',))(data)
