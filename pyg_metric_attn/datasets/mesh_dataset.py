@@ -79,11 +79,11 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
     edge_index, _ = remove_self_loops(data.edge_label_index)
     data.edge_index = to_undirected(edge_index, num_nodes=len(pos))
 
-    def check_count(labels, expected, what):
+    def check_count(labels, expected, what, dtype=np.int64):
         if len(labels) != expected:
             raise MeshError(f"{name}: {len(labels)} {what} labels for {expected} "
                             f"{what}s")
-        return np.asarray(labels, dtype=np.int64)
+        return np.asarray(labels, dtype=dtype)
 
     if edge_labels is not None:
         edge_labels = check_count(edge_labels, len(edges), 'edge')
@@ -91,9 +91,8 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
         if face_labels is None:
             face_labels = majority_label(edge_labels[side_ids])
     if edge_soft_labels is not None:
-        soft = np.asarray(edge_soft_labels).reshape(len(edge_soft_labels), -1)
-        check_count(soft, len(edges), 'edge')
-        data.edge_label_soft = torch.from_numpy(soft > 0)
+        soft = check_count(edge_soft_labels, len(edges), 'edge', np.float64)
+        data.edge_label_soft = torch.from_numpy(soft.reshape(len(soft), -1) > 0)
     if vertex_labels is not None:
         vertex_labels = check_count(vertex_labels, len(pos), 'vertex')
         data.vertex_y = torch.from_numpy(vertex_labels)
