@@ -43,6 +43,107 @@ def _experiment(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _segmentation_task(options: dict[str, Any], epochs: int | None = None,
+                       progress: bool = True):
+    from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
+    return HumanSegTask(epochs=epochs, progress=progress, **options)
+
+
+def _mesh_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Task options from ``-o`` and the data flags of train/evaluate/predict."""
+    options = dict(args.option)
+    for flag in ('root', 'processed_dir', 'features'):
+        if getattr(args, flag, None) is not None:
+            options[flag] = getattr(args, flag)
+    return options
+
+
+def _load_run(args: argparse.Namespace):
+    """``(task, model, config)`` of a run folder written by ``train``."""
+    import json
+
+    from pyg_metric_attn.training import load_best_model
+
+    run = Path(args.run)
+    config = json.loads((run / 'config.json').read_text())
+    task = _segmentation_task({**config['options'], **_mesh_options(args)},
+                              config['epochs'], progress=False)
+    model = task.build_model(config['attention'])
+    state = load_best_model(model, run)
+    print(f"{run}: {config['attention']} (seed {config['seed']}), checkpoint of "
+          f"epoch {state.get('epoch') or len(state.get('history', []))}")
+    return task, model, config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pyg_metric_attn.utils.io import atomic_write_json
+
+    options = _mesh_options(args)
+    task = _segmentation_task(options, args.epochs, not args.no_progress)
+    out = Path(args.out or Path('runs') / 'train' / f'{args.attention}-seed{args.seed}')
+    atomic_write_json(out / 'config.json', {
+        'attention': args.attention, 'seed': args.seed, 'epochs': task.epochs,
+        'options': {k: v for k, v in options.items() if k != 'artifacts'}})
+    model, trainer = task.fit(args.attention, args.seed, out, resume=args.resume)
+    task.save_example(model, out)
+    row = trainer.history[-1]
+    print('\n'.join(f'{key}: {value:.4f}' for key, value in row.items()))
+    print(f'checkpoints, metrics and segmentation.png in {out}/')
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from pyg_metric_attn.datasets import BODY_PARTS
+    from pyg_metric_attn.utils.io import atomic_write_json
+
+    task, model, _ = _load_run(args)
+    train, test = task.datasets()
+    meter = task.evaluate(model, train if args.split == 'train' else test)
+    result = {**meter.compute(), **meter.details()}
+    width = max(len(name) for name in BODY_PARTS)
+    lines = [f'{key}: {100 * result[key]:.2f}%' for key in
+             ('face_acc', 'edge_acc', 'soft_edge_acc') if key in result]
+    lines += [f'  {name:<{width}} {100 * acc:6.2f}%'
+              for name, acc in zip(BODY_PARTS, result['class_acc'], strict=True)]
+    lines.append('confusion (rows: true, columns: predicted):')
+    lines += ['  ' + ' '.join(f'{count:6d}' for count in row)
+              for row in result['confusion']]
+    print('\n'.join(lines))
+    atomic_write_json(Path(args.run) / f'evaluation-{args.split}.json', result)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from pyg_metric_attn.datasets import BODY_PARTS
+    from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
+    from pyg_metric_attn.utils.io import atomic_write_text
+    from pyg_metric_attn.visualization import label_colors, render_segmentations
+
+    task, model, _ = _load_run(args)
+    out = Path(args.out or Path(args.run) / 'predictions')
+    for path in map(Path, args.meshes):
+        pos, face = read_mesh(path)
+        mesh = task.prepare_mesh(pos, face, path.name)
+        labels = task.predict(model, mesh).numpy()
+        write_segmented_ply(out / f'{path.stem}.ply', pos, face,
+                            label_colors(labels))
+        atomic_write_text(out / f'{path.stem}.txt',
+                          ''.join(f'{label}\n' for label in labels))
+        render_segmentations(out / f'{path.stem}.png', mesh.pos.numpy(), face,
+                             [labels], [f'{path.name}: prediction'], BODY_PARTS)
+        print(f'{path} -> {out}/{path.stem}.{{ply,png,txt}}')
+    return 0
+
+
+def _add_mesh_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--root', help='MeshCNN human_seg folder (default: '
+                        'synthetic humanoids)')
+    parser.add_argument('--processed-dir', help='where processed files go')
+    parser.add_argument('--option', '-o', type=_option, action='append',
+                        default=[], metavar='KEY=VALUE',
+                        help='human_seg task option, e.g. -o lr=1e-3')
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pyg_metric_attn.experiments import TASKS
 
@@ -74,6 +175,39 @@ def build_parser() -> argparse.ArgumentParser:
         task_cls.add_arguments(group)
         sub.set_defaults(func=_experiment,
                          task_flags=[action.dest for action in group._group_actions])
+
+    train = commands.add_parser(
+        'train', help='train one mesh segmentation model (human_seg task) with '
+        'checkpoints, metrics and a rendering in --out')
+    train.add_argument('--attention', default='metric', help='metric, l2, dot, '
+                       'gat, gatv2, transformer (IPN) or metricformer')
+    train.add_argument('--seed', type=int, default=0)
+    train.add_argument('--epochs', type=int, default=None)
+    train.add_argument('--out', help='run folder (default: '
+                       'runs/train/ATTENTION-seedSEED)')
+    train.add_argument('--resume', action='store_true',
+                       help='continue from the run folder\'s last checkpoint')
+    train.add_argument('--features', choices=('hks', 'xyz'))
+    train.add_argument('--no-progress', action='store_true')
+    _add_mesh_flags(train)
+    train.set_defaults(func=_train)
+
+    evaluate = commands.add_parser(
+        'evaluate', help='face, edge and soft edge accuracy, per-class accuracy '
+        'and confusion matrix of a trained run')
+    evaluate.add_argument('run', help='run folder written by train')
+    evaluate.add_argument('--split', choices=('test', 'train'), default='test')
+    _add_mesh_flags(evaluate)
+    evaluate.set_defaults(func=_evaluate)
+
+    predict = commands.add_parser(
+        'predict', help='segment mesh files: a .ply with per-face colours, a '
+        'PNG rendering and the labels per face')
+    predict.add_argument('run', help='run folder written by train')
+    predict.add_argument('meshes', nargs='+', help='.obj, .off or .ply files')
+    predict.add_argument('--out', help='output folder (default: RUN/predictions)')
+    _add_mesh_flags(predict)
+    predict.set_defaults(func=_predict)
     return parser
 
 

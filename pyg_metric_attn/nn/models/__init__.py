@@ -1,5 +1,9 @@
 from pyg_metric_attn.nn.models.decoding import beam_search, greedy_decode
 from pyg_metric_attn.nn.models.ipn import ATTENTIONS, IPN, propagation_module
+from pyg_metric_attn.nn.models.mesh_former import (
+    MetricMeshFormer,
+    MetricMeshFormerBlock,
+)
 from pyg_metric_attn.nn.models.transformer import (
     MetricTransformer,
     MetricTransformerDecoderLayer,
@@ -7,7 +11,7 @@ from pyg_metric_attn.nn.models.transformer import (
     matched_time_scale,
 )
 
-__all__ = ['ATTENTIONS', 'IPN', 'MetricTransformer',
-           'MetricTransformerDecoderLayer', 'MetricTransformerEncoderLayer',
-           'beam_search', 'greedy_decode', 'matched_time_scale',
-           'propagation_module']
+__all__ = ['ATTENTIONS', 'IPN', 'MetricMeshFormer', 'MetricMeshFormerBlock',
+           'MetricTransformer', 'MetricTransformerDecoderLayer',
+           'MetricTransformerEncoderLayer', 'beam_search', 'greedy_decode',
+           'matched_time_scale', 'propagation_module']

@@ -1,0 +1,56 @@
+"""Time the human segmentation preprocessing (k=128 eigenpairs + 16-scale HKS
+for all 399 meshes): from scratch, again from the operator cache (processed
+files deleted), and loading the processed files.
+
+    python benchmarks/mesh_preprocessing.py --root ../shared/datasets/human_seg \
+        [--processed-dir datasets/human_seg_processed]
+
+The processed files stay in ``--processed-dir`` if given (it must not exist
+yet), else in a temporary folder that is removed.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from pyg_metric_attn.datasets import HumanSegmentation
+
+
+def load_both(root: str, processed: Path, workers: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    count = sum(len(HumanSegmentation(root, split, processed_dir=str(processed),
+                                      num_workers=workers))
+                for split in ('train', 'test'))
+    return time.perf_counter() - start, count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('--root', required=True, help='MeshCNN human_seg folder')
+    parser.add_argument('--workers', type=int, default=2)
+    parser.add_argument('--processed-dir')
+    args = parser.parse_args()
+    if args.processed_dir and Path(args.processed_dir).exists():
+        parser.error(f"'{args.processed_dir}' exists: timing needs a fresh folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        processed = Path(args.processed_dir or Path(tmp) / 'processed')
+        first, count = load_both(args.root, processed, args.workers)
+        for path in processed.glob('*.pt'):
+            path.unlink()
+        cached, _ = load_both(args.root, processed, args.workers)
+        loaded, _ = load_both(args.root, processed, args.workers)
+        entries = len(list((processed / 'operators').rglob('*.pt')))
+        if not args.processed_dir:
+            shutil.rmtree(processed)
+    print(f'| run | meshes | seconds |\n|---|---|---|\n'
+          f'| from scratch ({args.workers} workers) | {count} | {first:.1f} |\n'
+          f'| processed files deleted, operator cache ({entries} entries) kept '
+          f'| {count} | {cached:.1f} |\n'
+          f'| processed files present | {count} | {loaded:.1f} |')
+
+
+if __name__ == '__main__':
+    main()

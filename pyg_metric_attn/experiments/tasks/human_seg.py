@@ -1,0 +1,261 @@
+r"""Human-body mesh segmentation: per-face part labels from per-vertex
+attention models (the paper's Figure 5 setting, extended).
+
+Models run on the mesh's vertex graph and predict per vertex; each face takes
+the mean of its three vertices' logits (the paper's fixed linear aggregation)
+and the loss is the cross entropy over faces. ``attention`` names the model:
+the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
+:class:`~pyg_metric_attn.nn.MetricAttentionConv`) or PyG's ``'gat'``,
+``'gatv2'``, ``'transformer'`` in the same slots, or ``'metricformer'``,
+:class:`~pyg_metric_attn.nn.models.MetricMeshFormer` (local plus global
+metric-attention with residual feed-forward blocks; its learning rate follows a
+cosine schedule to zero over the epochs unless ``former_cosine=False``).
+
+Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
+:class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
+:class:`~pyg_metric_attn.datasets.SyntheticHumans` (offline). Inputs are the
+16 heat kernel signatures per vertex (``features='hks'``) or the normalised
+coordinates with a uniformly random rotation of every training mesh
+(``features='xyz'``). With ``val_fraction > 0`` a seeded share of the
+training meshes is held out and evaluated instead of the test set (for tuning
+without the test set). Otherwise the test set is evaluated after every epoch
+and the last epoch is reported (no model selection on the test set).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.loader import DataLoader
+
+from pyg_metric_attn.datasets import BODY_PARTS, HumanSegmentation, SyntheticHumans
+from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
+from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
+from pyg_metric_attn.experiments.task import Task
+from pyg_metric_attn.nn.models import ATTENTIONS, IPN, MetricMeshFormer
+from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.training.trainer import Trainer, seed_everything
+from pyg_metric_attn.transforms import random_rotation
+from pyg_metric_attn.visualization import label_colors, render_segmentations
+
+STRONG_MODEL = 'metricformer'
+MODELS = (*ATTENTIONS, STRONG_MODEL)
+METRIC_ATTENTIONS = ('metric', 'l2', 'dot')
+
+
+class HumanSegTask(Task):
+    """Human mesh segmentation (MeshCNN human_seg, or synthetic humanoids)."""
+    name = 'human_seg'
+    default_attentions = ('metric', 'l2', 'dot', 'gat', 'gatv2', 'transformer')
+    final_metric = 'test_face_acc'
+    curve_metrics = ('train_loss', 'test_face_acc')
+    defaults: dict[str, Any] = dict(
+        # The paper's IPN (Table 2): d_Q = d_mlp = 64, Adam lr 1e-3, wd 1e-4.
+        hidden=64, mlp_channels=64, num_layers=2, heads=1, lr=1e-3,
+        weight_decay=1e-4, batch_size=8,
+        # Heat-kernel time t of metric/l2/dot: a float or {attention: t}.
+        time_scale=1.0, learn_time_scale=False,
+        features='hks', val_fraction=0.0, data_seed=0,
+        # MetricMeshFormer ('metricformer').
+        former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
+        former_global=True, former_global_stride=8, former_cosine=True,
+        # Data.
+        root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
+        synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
+        num_workers=2, artifacts=None)
+
+    def __init__(self, epochs: int | None = None, progress: bool = True,
+                 **options: Any):
+        unknown = set(options) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"Unknown human_seg options {sorted(unknown)}; "
+                             f"known: {sorted(self.defaults)}")
+        options = {**self.defaults, **options}
+        if options['features'] not in ('hks', 'xyz'):
+            raise ValueError(f"'features' must be 'hks' or 'xyz', got "
+                             f"'{options['features']}'")
+        super().__init__(epochs=epochs or 100, progress=progress, **options)
+        self.eval_split = 'val' if options['val_fraction'] > 0 else 'test'
+        self.final_metric = f'{self.eval_split}_face_acc'
+        self.curve_metrics = ('train_loss', self.final_metric)
+        self._data = None
+
+    @classmethod
+    def add_arguments(cls, parser: Any) -> None:
+        parser.add_argument('--root', help='MeshCNN human_seg folder (train/, '
+                            'test/, seg/, sseg/); default: synthetic humanoids')
+        parser.add_argument('--processed-dir', help='where processed files go '
+                            '(default: ROOT/processed)')
+        parser.add_argument('--features', choices=('hks', 'xyz'))
+        parser.add_argument('--artifacts', help='folder for each run\'s '
+                            'checkpoints, a coloured .ply and a rendering')
+
+    def config(self) -> dict[str, Any]:
+        config = super().config()
+        config.pop('artifacts')
+        config.pop('num_workers')
+        return config
+
+    # Data ------------------------------------------------------------------
+    def datasets(self) -> tuple[Any, Any]:
+        """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
+        if self._data is None:
+            o = self.options
+            common = dict(k=o['k'], hks_count=o['hks_count'],
+                          num_workers=o['num_workers'], log=self.progress)
+            if o['root']:
+                train = HumanSegmentation(o['root'], 'train',
+                                          processed_dir=o['processed_dir'],
+                                          **common)
+                test = HumanSegmentation(o['root'], 'test',
+                                         processed_dir=o['processed_dir'],
+                                         **common)
+            else:
+                train = SyntheticHumans(o['synthetic_root'], 'train',
+                                        o['synthetic_train'], **common)
+                test = SyntheticHumans(o['synthetic_root'], 'test',
+                                       o['synthetic_test'], **common)
+            if self.eval_split == 'val':
+                generator = torch.Generator().manual_seed(o['data_seed'])
+                order = torch.randperm(len(train), generator=generator)
+                num_val = max(1, round(o['val_fraction'] * len(train)))
+                train, test = train[order[num_val:]], train[order[:num_val]]
+            self._data = train, test
+        return self._data
+
+    def inputs(self, batch, augment: bool = False) -> torch.Tensor:
+        """The model input per vertex (rotated coordinates when augmenting)."""
+        if self.options['features'] == 'hks':
+            return batch.hks
+        if not augment:
+            return batch.pos
+        rotations = torch.stack([random_rotation() for _ in
+                                 range(batch.num_graphs)]).to(batch.pos.dtype)
+        return torch.einsum('vij,vj->vi', rotations[batch.batch], batch.pos)
+
+    # Model -----------------------------------------------------------------
+    def build_model(self, attention: str) -> torch.nn.Module:
+        o = self.options
+        in_channels = o['hks_count'] if o['features'] == 'hks' else 3
+        if attention == STRONG_MODEL:
+            return MetricMeshFormer(in_channels, o['former_hidden'],
+                                    len(BODY_PARTS), o['former_layers'],
+                                    o['former_heads'],
+                                    dropout=o['former_dropout'],
+                                    global_attention=o['former_global'],
+                                    global_stride=o['former_global_stride'])
+        if attention not in ATTENTIONS:
+            raise ValueError(f"Unknown model '{attention}'; expected one of "
+                             f"{MODELS}")
+        kwargs = {}
+        if attention in METRIC_ATTENTIONS:
+            time_scale = o['time_scale']
+            if isinstance(time_scale, dict):
+                time_scale = time_scale[attention]
+            kwargs = dict(mlp_channels=o['mlp_channels'], time_scale=time_scale,
+                          learn_time_scale=o['learn_time_scale'])
+        return IPN(in_channels, o['hidden'], len(BODY_PARTS), o['num_layers'],
+                   attention=attention, heads=o['heads'], **kwargs)
+
+    def forward(self, model: torch.nn.Module, batch, augment: bool = False):
+        """Per-vertex logits of a batch of meshes."""
+        x = self.inputs(batch, augment)
+        if isinstance(model, MetricMeshFormer):
+            return model(x, batch.edge_index, batch.batch)
+        return model(x, batch.edge_index)
+
+    def evaluate(self, model: torch.nn.Module, meshes,
+                 batch_size: int | None = None) -> SegmentationMeter:
+        """Metrics of ``model`` on ``meshes`` (eval mode, no gradients)."""
+        meter = SegmentationMeter(len(BODY_PARTS))
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            for batch in DataLoader(meshes, batch_size or
+                                    self.options['batch_size']):
+                logits = self.forward(model, batch)
+                loss = F.cross_entropy(face_logits(logits, batch.face), batch.y)
+                meter.update(logits, batch, loss)
+        model.train(was_training)
+        return meter
+
+    # Training --------------------------------------------------------------
+    def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
+            resume: bool = False) -> tuple[torch.nn.Module, Trainer]:
+        """Train one model with :class:`~pyg_metric_attn.training.Trainer`
+        (checkpoints and metrics in ``out_dir`` when given)."""
+        o = self.options
+        train, evaluation = self.datasets()
+        seed_everything(seed)
+        model = self.build_model(attention)
+        optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
+                                     weight_decay=o['weight_decay'])
+        scheduler = None
+        if attention == STRONG_MODEL and o['former_cosine']:
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                                   self.epochs)
+
+        def batches(epoch: int):
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            return DataLoader(train, o['batch_size'], shuffle=True,
+                              generator=generator)
+
+        def step(model: torch.nn.Module, batch) -> torch.Tensor:
+            logits = self.forward(model, batch, augment=True)
+            return F.cross_entropy(face_logits(logits, batch.face), batch.y)
+
+        def evaluate(model: torch.nn.Module) -> dict[str, float]:
+            return self.evaluate(model, evaluation).compute(f'{self.eval_split}_')
+
+        trainer = Trainer(model, optimizer, step, evaluate, scheduler=scheduler,
+                          out_dir=out_dir, progress=self.progress,
+                          desc=f'human_seg {attention} seed {seed}')
+        trainer.fit(batches, self.epochs, resume=resume)
+        return model, trainer
+
+    def run(self, attention: str, seed: int) -> dict[str, Any]:
+        artifacts = self.options['artifacts']
+        out_dir = (Path(artifacts) / f'{attention}-seed{seed}'
+                   if artifacts else None)
+        model, trainer = self.fit(attention, seed, out_dir)
+        history = trainer.history
+        final = {k: v for k, v in history[-1].items()
+                 if k.startswith(f'{self.eval_split}_')}
+        final.update(self.evaluate(model, self.datasets()[1]).details())
+        final['parameters'] = sum(p.numel() for p in model.parameters())
+        if out_dir is not None:
+            self.save_example(model, out_dir)
+        return {'history': history, 'final': final}
+
+    def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
+        """Predicted face labels of one processed mesh."""
+        model.eval()
+        with torch.no_grad():
+            return face_logits(self.forward(model, mesh), mesh.face).argmax(-1)
+
+    def prepare_mesh(self, pos, face, name: str):
+        """A raw mesh processed as the training meshes were (normalised,
+        edges, operators)."""
+        mesh = mesh_data(pos, face, name)
+        compute_operators([mesh], dict(k=self.options['k'],
+                                       hks_count=self.options['hks_count'],
+                                       gradients=False, laplacian_method='auto'),
+                          cache_dir=None, num_workers=1, progress=False)
+        return mesh
+
+    def save_example(self, model: torch.nn.Module, out_dir: Path,
+                     index: int = 0) -> None:
+        """``segmentation.png`` (truth vs prediction) and ``prediction.ply`` of
+        one evaluation mesh."""
+        mesh = self.datasets()[1][index]
+        predicted = self.predict(model, mesh).numpy()
+        pos, face = mesh.pos.numpy(), mesh.face.t().numpy()
+        accuracy = (predicted == mesh.y.numpy()).mean()
+        render_segmentations(out_dir / 'segmentation.png', pos, face,
+                             [mesh.y.numpy(), predicted],
+                             ['ground truth', f'prediction ({100 * accuracy:.1f}%)'],
+                             BODY_PARTS)
+        write_segmented_ply(out_dir / 'prediction.ply', pos, face,
+                            label_colors(predicted))

@@ -1,0 +1,42 @@
+r"""DiffusionNet-style geometry of triangle meshes: normalisation, Laplacians,
+eigenpairs, heat kernel signatures, tangent gradients, and a content-keyed
+operator cache."""
+from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
+from pyg_metric_attn.geometry.gradients import (
+    gradient_operators,
+    tangent_frames,
+    vertex_normals,
+)
+from pyg_metric_attn.geometry.laplacian import (
+    cotan_laplacian,
+    laplacian,
+    tufted_laplacian,
+    vertex_fan_counts,
+)
+from pyg_metric_attn.geometry.mesh import (
+    MeshError,
+    check_mesh,
+    edge_face_counts,
+    face_areas,
+    face_normals,
+    is_edge_manifold,
+    mesh_edges,
+    normalize_positions,
+    vertex_to_face_averaging,
+)
+from pyg_metric_attn.geometry.operators import mesh_operators
+from pyg_metric_attn.geometry.spectral import (
+    eigendecomposition,
+    heat_kernel_signature,
+    hks_times,
+)
+
+__all__ = [
+    'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
+    'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
+    'gradient_operators', 'heat_kernel_signature', 'hks_times',
+    'is_edge_manifold', 'laplacian', 'mesh_edges', 'mesh_operators',
+    'normalize_positions', 'operator_cache_key', 'tangent_frames',
+    'tufted_laplacian', 'vertex_fan_counts', 'vertex_normals',
+    'vertex_to_face_averaging',
+]

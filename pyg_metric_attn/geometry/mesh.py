@@ -1,0 +1,98 @@
+r"""Triangle-mesh basics: validation, normalisation, areas, edges and the
+vertex-to-face averaging. Meshes are ``(pos [V, 3] float, face [F, 3] int)``
+NumPy arrays; vertex and face order are kept as given."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+class MeshError(ValueError):
+    """A mesh cannot be processed; the message names the mesh and the problem."""
+
+
+def check_mesh(pos: np.ndarray, face: np.ndarray, name: str = 'mesh') -> None:
+    """Raise :class:`MeshError` for input no operator can handle robustly:
+    wrong shapes, no faces, non-finite coordinates, face indices out of range
+    and unreferenced vertices (they would get zero mass)."""
+    pos, face = np.asarray(pos), np.asarray(face)
+    if pos.ndim != 2 or pos.shape[1] != 3 or len(pos) == 0:
+        raise MeshError(f"{name}: vertex positions must have shape [V, 3], got "
+                        f"{list(pos.shape)}")
+    if face.ndim != 2 or face.shape[1] != 3 or len(face) == 0:
+        raise MeshError(f"{name}: faces must be triangles of shape [F, 3], got "
+                        f"{list(face.shape)}")
+    bad = ~np.isfinite(pos).all(axis=1)
+    if bad.any():
+        raise MeshError(f"{name}: {int(bad.sum())} vertices have NaN or infinite "
+                        f"coordinates (first: vertex {int(np.flatnonzero(bad)[0])})")
+    if face.min() < 0 or face.max() >= len(pos):
+        raise MeshError(f"{name}: face indices must lie in [0, {len(pos) - 1}], got "
+                        f"[{int(face.min())}, {int(face.max())}]")
+    unreferenced = np.setdiff1d(np.arange(len(pos)), face)
+    if len(unreferenced):
+        raise MeshError(f"{name}: {len(unreferenced)} vertices belong to no face "
+                        f"(first: vertex {int(unreferenced[0])}); remove them "
+                        f"before computing operators")
+
+
+def normalize_positions(pos: np.ndarray) -> np.ndarray:
+    r"""Centre on the vertex mean and scale to unit maximum radius,
+    :math:`p \mapsto (p - \bar p) / \max_i \|p_i - \bar p\|`."""
+    centred = pos - pos.mean(axis=0, keepdims=True)
+    radius = np.linalg.norm(centred, axis=1).max()
+    return centred / radius if radius > 0 else centred
+
+
+def face_areas(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
+    r"""Triangle areas :math:`\tfrac12 \|(p_1 - p_0) \times (p_2 - p_0)\|`."""
+    cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],
+                     pos[face[:, 2]] - pos[face[:, 0]])
+    return 0.5 * np.linalg.norm(cross, axis=1)
+
+
+def face_normals(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
+    """Unit face normals (zero for zero-area faces)."""
+    cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],
+                     pos[face[:, 2]] - pos[face[:, 0]])
+    norm = np.linalg.norm(cross, axis=1, keepdims=True)
+    return np.divide(cross, norm, out=np.zeros_like(cross), where=norm > 0)
+
+
+def mesh_edges(face: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""Unique undirected edges in MeshCNN's order, ``[E, 2]``, and the edge id
+    of each face side, ``[F, 3]``.
+
+    Faces are visited in order, their sides :math:`(v_0, v_1), (v_1, v_2),
+    (v_2, v_0)` in turn; each side is sorted and an edge gets its id on its
+    first occurrence (the order of MeshCNN's ``.eseg`` labels).
+    """
+    sides = np.stack([face[:, [0, 1]], face[:, [1, 2]], face[:, [2, 0]]], axis=1)
+    sides = np.sort(sides.reshape(-1, 2), axis=1)
+    unique, first, inverse = np.unique(sides, axis=0, return_index=True,
+                                       return_inverse=True)
+    order = np.argsort(first, kind='stable')  # edge ids by first occurrence
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return unique[order], rank[inverse.reshape(-1)].reshape(-1, 3)
+
+
+def edge_face_counts(face: np.ndarray) -> np.ndarray:
+    """Number of faces on each edge of :func:`mesh_edges` (2 on a closed
+    2-manifold; 1 on a boundary; more on a non-manifold edge)."""
+    edges, side_ids = mesh_edges(face)
+    return np.bincount(side_ids.reshape(-1), minlength=len(edges))
+
+
+def is_edge_manifold(face: np.ndarray) -> bool:
+    """No edge is shared by more than two faces."""
+    return bool(edge_face_counts(face).max() <= 2)
+
+
+def vertex_to_face_averaging(face: np.ndarray, num_vertices: int) -> sp.csr_matrix:
+    r"""The fixed ``[F, V]`` matrix that gives each face the mean of its three
+    vertices (the paper's fixed linear aggregation layer)."""
+    rows = np.repeat(np.arange(len(face)), 3)
+    values = np.full(rows.shape, 1.0 / 3.0)
+    return sp.csr_matrix((values, (rows, face.reshape(-1))),
+                         shape=(len(face), num_vertices))

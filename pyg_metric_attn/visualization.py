@@ -1,0 +1,82 @@
+"""Segmented meshes as pictures (matplotlib, no OpenGL) and colours."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from mpl_toolkits.mplot3d.art3d import Poly3DCollection  # noqa: E402
+
+from pyg_metric_attn.geometry.mesh import face_normals  # noqa: E402
+
+
+def label_colors(labels: np.ndarray, num_classes: int = 8) -> np.ndarray:
+    """``[N, 4]`` uint8 RGBA colours of integer labels (tab10 palette)."""
+    palette = plt.get_cmap('tab10' if num_classes <= 10 else 'tab20')
+    rgba = palette(np.asarray(labels) % palette.N)
+    return (np.asarray(rgba) * 255).round().astype(np.uint8)
+
+
+def _draw(ax, pos: np.ndarray, face: np.ndarray, colors: np.ndarray,
+          view: tuple[float, float]) -> None:
+    light = np.array([0.3, 0.5, 1.0])
+    light /= np.linalg.norm(light)
+    shade = 0.45 + 0.55 * np.abs(face_normals(pos, face) @ light)
+    rgb = colors[:, :3] / 255.0 * shade[:, None]
+    # Matplotlib has no depth buffer: draw faces far to near (painter's order).
+    elev, azim = np.deg2rad(view[0]), np.deg2rad(view[1])
+    eye = np.array([np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim),
+                    np.sin(elev)])
+    order = np.argsort(pos[face].mean(1) @ eye)
+    ax.add_collection3d(Poly3DCollection(pos[face[order]], facecolors=rgb[order],
+                                         edgecolors='none'))
+    low, high = pos.min(0), pos.max(0)
+    centre, half = (low + high) / 2, (high - low).max() / 2
+    for setter, c in zip((ax.set_xlim, ax.set_ylim, ax.set_zlim), centre,
+                         strict=True):
+        setter(c - half, c + half)
+    ax.set_box_aspect((1, 1, 1), zoom=1.5)
+    ax.view_init(*view)
+    ax.set_axis_off()
+
+
+def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
+                         labelings: Sequence[np.ndarray], titles: Sequence[str],
+                         class_names: Sequence[str] | None = None,
+                         views: Sequence[tuple[float, float]] = ((10, -60), (10, 30)),
+                         up_axis: int | None = None) -> None:
+    """A PNG with one column per labeling (e.g. ground truth, prediction) and
+    one row per view; ``up_axis`` is the mesh's vertical axis (default: the
+    axis of largest extent)."""
+    pos = np.asarray(pos, dtype=np.float64)
+    if up_axis is None:
+        up_axis = int(np.argmax(np.ptp(pos, axis=0)))
+    pos = np.roll(pos, 2 - up_axis, axis=1)
+    face = np.asarray(face)
+    num_classes = max(int(np.max(labels)) for labels in labelings) + 1
+    if class_names is not None:
+        num_classes = max(num_classes, len(class_names))
+    fig = plt.figure(figsize=(3.2 * len(labelings), 3.4 * len(views)))
+    for column, (labels, title) in enumerate(zip(labelings, titles, strict=True)):
+        colors = label_colors(labels, num_classes)
+        for row, view in enumerate(views):
+            ax = fig.add_subplot(len(views), len(labelings),
+                                 row * len(labelings) + column + 1,
+                                 projection='3d')
+            _draw(ax, pos, face, colors, view)
+            if row == 0:
+                ax.set_title(title)
+    if class_names is not None:
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c[:3] / 255)
+                   for c in label_colors(np.arange(len(class_names)), num_classes)]
+        fig.legend(handles, class_names, loc='lower center',
+                   ncol=min(len(class_names), 4), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 if class_names else 0, 1, 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,152 @@
+"""Mesh segmentation: metrics against hand-computed values, the global
+attention of MetricMeshFormer, a short training run, and the train / resume /
+evaluate / predict commands."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import trimesh
+from torch_geometric.data import Batch, Data
+
+from pyg_metric_attn.cli import main
+from pyg_metric_attn.datasets import SyntheticHumans
+from pyg_metric_attn.experiments import TASKS
+from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
+from pyg_metric_attn.nn.models import MetricMeshFormer
+from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.visualization import label_colors
+
+SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
+             batch_size=2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny graphs: a second intra-op thread only adds contention on 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='module')
+def synthetic_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp('synthetic')
+    for split, count in (('train', 4), ('test', 1)):
+        SyntheticHumans(str(root), split, count, num_workers=1, k=32, log=False)
+    return root
+
+
+def test_segmentation_meter_by_hand():
+    # Two triangles sharing edge (1, 2); 3 classes; logits chosen per vertex.
+    face = torch.tensor([[0, 1, 2], [1, 3, 2]]).t()
+    logits = torch.tensor([[3.0, 0, 0], [0, 3, 0], [0, 3, 0], [0, 0, 9]])
+    # Face 0: mean (1, 2, 0) -> class 1; face 1: mean (0, 2, 3) -> class 2.
+    assert face_logits(logits, face).argmax(1).tolist() == [1, 2]
+    edges = torch.tensor([[0, 1], [1, 2], [0, 2], [1, 3], [2, 3]]).t()
+    # Edge predictions from endpoints: 0, 1, 0, 2, 2.
+    data = Data(face=face, y=torch.tensor([1, 1]), edge_label_index=edges,
+                edge_label=torch.tensor([0, 1, 1, 2, 1]),
+                edge_label_soft=torch.tensor([[1, 0, 0], [0, 1, 0], [1, 1, 0],
+                                              [0, 0, 0], [0, 1, 1]]).bool(),
+                edge_label_weight=torch.tensor([0.1, 0.2, 0.3, 0.15, 0.25]),
+                num_nodes=4)
+    meter = SegmentationMeter(3)
+    meter.update(logits, Batch.from_data_list([data]))
+    metrics = meter.compute('test_')
+    assert metrics['test_face_acc'] == pytest.approx(0.5)
+    assert metrics['test_edge_acc'] == pytest.approx(3 / 5)  # edges 0, 1, 3
+    # Soft: edges 0 (0.1), 1 (0.2), 2 (0.3), 4 (0.25) have the prediction.
+    assert metrics['test_soft_edge_acc'] == pytest.approx(0.85)
+    details = meter.details()
+    assert details['confusion'] == [[0, 0, 0], [0, 1, 1], [0, 0, 0]]
+    assert details['class_acc'][1] == pytest.approx(0.5)
+    assert np.isnan(details['class_acc'][0])
+
+
+def test_strided_global_attention_matches_per_mesh_reference():
+    torch.manual_seed(0)
+    model = MetricMeshFormer(5, 16, 3, num_layers=1, heads=2, global_stride=3)
+    block = model.blocks[0]
+    sizes = [7, 11]
+    h = torch.randn(sum(sizes), 16)
+    batch = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
+    out = block._global(h, batch)
+    reference = []
+    for part in h.split(sizes):
+        keys = part[::3]  # every third vertex of this mesh
+        ref, _ = block.global_attention(part[None], keys[None], keys[None],
+                                        need_weights=False)
+        reference.append(ref[0])
+    torch.testing.assert_close(out, torch.cat(reference), atol=1e-5, rtol=1e-5)
+    # Stride 1 is all pairs.
+    block.global_stride = 1
+    torch.testing.assert_close(block._global(h, batch),
+                               block.global_attention.forward_point_sets(h, batch))
+
+
+@pytest.mark.parametrize('attention', ['metric', 'gat', 'metricformer'])
+def test_short_training_run_loss_falls(synthetic_root, attention):
+    task = HumanSegTask(epochs=6, progress=False, synthetic_root=str(synthetic_root),
+                        former_hidden=32, former_layers=2, former_heads=2,
+                        former_dropout=0.0, lr=1e-2, **SMALL)
+    result = task.run(attention, seed=0)
+    losses = [row['train_loss'] for row in result['history']]
+    assert losses[-1] < 0.8 * losses[0]
+    final = result['final']
+    assert 0 <= final['test_face_acc'] <= 1
+    assert len(final['confusion']) == 8 and len(final['class_acc']) == 8
+
+
+def test_xyz_inputs_are_rotated_for_training(synthetic_root):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        features='xyz', **SMALL)
+    batch = Batch.from_data_list(list(task.datasets()[0][:2]))
+    torch.manual_seed(0)
+    rotated = task.inputs(batch, augment=True)
+    assert torch.equal(task.inputs(batch), batch.pos)
+    assert not torch.allclose(rotated, batch.pos)
+    # A rotation per mesh: norms are kept.
+    torch.testing.assert_close(rotated.norm(dim=1), batch.pos.norm(dim=1))
+
+
+def test_train_resume_evaluate_predict_commands(synthetic_root, tmp_path, capsys):
+    options = ['-o', f'synthetic_root={synthetic_root}'] + [
+        arg for key, value in SMALL.items() for arg in ('-o', f'{key}={value}')]
+    run = tmp_path / 'run'
+    assert main(['train', '--epochs', '2', '--out', str(run), '--no-progress',
+                 *options]) == 0
+    assert main(['train', '--epochs', '3', '--out', str(run), '--no-progress',
+                 '--resume', *options]) == 0
+    rows = json.loads((run / 'metrics.json').read_text())
+    assert [r['epoch'] for r in rows] == [1, 2, 3]
+    assert (run / 'segmentation.png').stat().st_size > 0
+
+    assert main(['evaluate', str(run)]) == 0
+    result = json.loads((run / 'evaluation-test.json').read_text())
+    assert result['face_acc'] == pytest.approx(rows[-1]['test_face_acc'])
+    assert 'face_acc' in capsys.readouterr().out
+
+    mesh = trimesh.creation.capsule(height=1.0, radius=0.3, count=[12, 12])
+    mesh_path = tmp_path / 'capsule.obj'
+    mesh.export(mesh_path)
+    assert main(['predict', str(run), str(mesh_path), '--out',
+                 str(tmp_path / 'out')]) == 0
+    labels = np.loadtxt(tmp_path / 'out' / 'capsule.txt', dtype=int)
+    assert labels.shape == (len(mesh.faces),) and labels.max() < 8
+    colored = trimesh.load(tmp_path / 'out' / 'capsule.ply', process=False)
+    assert len(colored.faces) == len(mesh.faces)
+    np.testing.assert_array_equal(colored.visual.face_colors,
+                                  label_colors(labels))
+    assert (tmp_path / 'out' / 'capsule.png').stat().st_size > 0
+
+
+def test_human_seg_task_is_registered():
+    assert TASKS['human_seg'] is HumanSegTask
+    with pytest.raises(ValueError, match='Unknown human_seg options'):
+        HumanSegTask(hiden=3)
+    task = HumanSegTask(val_fraction=0.25)
+    assert task.final_metric == 'val_face_acc'
