@@ -11,9 +11,9 @@ from conftest import shared_dataset
 from pyg_metric_attn.cli import main
 from pyg_metric_attn.experiments import run_experiment
 from pyg_metric_attn.experiments.tasks import CoraTask, MnistTask, MoonTask
-from pyg_metric_attn.experiments.tasks.mnist import consecutive_sets
 from pyg_metric_attn.experiments.tasks.moon import moon_data
 from pyg_metric_attn.experiments.tasks.planetoid import GATNet
+from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -110,12 +110,12 @@ def test_tiny_mnist(tmp_path):
     for path in (shared_dataset('mnist') / 'raw').iterdir():
         (raw / path.name).symlink_to(path)
     task = MnistTask(epochs=3, progress=False, root=str(tmp_path / 'data'),
-                     num_train=600, num_test=200, batch_size=50, time_scale=100.0,
+                     num_train=600, num_test=200, set_size=50, time_scale=100.0,
                      lr=1e-3)
     run_experiment(task, ['metric', 'dot'], [0], tmp_path / 'out', progress=False)
     check_outputs(tmp_path / 'out', ['metric', 'dot'], [0], epochs=3)
     record = json.loads((tmp_path / 'out' / 'runs' / 'metric-seed0.json').read_text())
-    assert record['task_config']['batch_size'] == 50
+    assert record['task_config']['set_size'] == 50
     assert 'root' not in record['task_config']  # where the data live is no setting
 
 

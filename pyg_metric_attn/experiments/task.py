@@ -22,10 +22,21 @@ class Task(ABC):
     curve_metrics: ClassVar[tuple[str, ...]] = ('train_loss', 'test_acc')
     #: Whether a larger ``final_metric`` is better.
     higher_is_better: ClassVar[bool] = True
+    #: Epochs per run when none are given.
+    default_epochs: ClassVar[int | None] = None
+    #: The task's options and their defaults; when set, other options are
+    #: refused and the defaults fill in the ones not given.
+    defaults: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, epochs: int | None = None, progress: bool = True,
                  **options: Any):
-        self.epochs = epochs
+        if self.defaults is not None:
+            unknown = set(options) - set(self.defaults)
+            if unknown:
+                raise ValueError(f"Unknown {self.name} options {sorted(unknown)}; "
+                                 f"known: {sorted(self.defaults)}")
+            options = {**self.defaults, **options}
+        self.epochs = epochs or self.default_epochs
         self.progress = progress
         self.options = options
 

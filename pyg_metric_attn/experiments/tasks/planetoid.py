@@ -103,6 +103,7 @@ class PlanetoidTask(Task):
     """A Planetoid graph, GAT's two-layer recipe with each attention type."""
     dataset_name: ClassVar[str]
     curve_metrics = ('train_loss', 'val_acc', 'test_acc')
+    default_epochs = 1000
     defaults: dict[str, Any] = dict(
         root='datasets/planetoid', hidden=8, heads=8, out_heads=1, dropout=0.6,
         lr=0.005, weight_decay=5e-4, patience=100, time_scale=1.0,
@@ -111,12 +112,7 @@ class PlanetoidTask(Task):
 
     def __init__(self, epochs: int | None = None, progress: bool = True,
                  **options: Any):
-        unknown = set(options) - set(self.defaults)
-        if unknown:
-            raise ValueError(f"Unknown {self.name} options {sorted(unknown)}; "
-                             f"known: {sorted(self.defaults)}")
-        super().__init__(epochs=epochs or 1000, progress=progress,
-                         **{**self.defaults, **options})
+        super().__init__(epochs=epochs, progress=progress, **options)
         self._data: Data | None = None
 
     @classmethod
