@@ -129,7 +129,7 @@ def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):
     shutil.copytree(shared_dataset('planetoid') / 'Cora' / 'raw',
                     tmp_path / 'data' / 'Cora' / 'raw')
     task = CoraTask(epochs=12, progress=False, root=str(tmp_path / 'data'),
-                    patience=5, time_scale=10.0)
+                    patience=5, time_scale=10.0, residual=True)
     run_experiment(task, ['metric', 'gat'], [0], tmp_path / 'out', progress=False)
     check_outputs(tmp_path / 'out', ['metric', 'gat'], [0])
     for attention in ('metric', 'gat'):

@@ -30,10 +30,11 @@ from torch_geometric.transforms import NormalizeFeatures
 
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models.ipn import attention_conv
+from pyg_metric_attn.nn.pseudo_metric import METRICS
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
 
-#: Options of :class:`MetricAttentionConv` a task may set (the GAT slots
-#: ignore them).
+#: Options of :class:`MetricAttentionConv` a task may set (given to the
+#: 'metric', 'l2' and 'dot' layers only).
 METRIC_OPTIONS = ('time_scale', 'learn_time_scale', 'metric_channels',
                   'mlp_channels', 'value', 'residual')
 
@@ -133,10 +134,14 @@ class PlanetoidTask(Task):
         o = self.options
         data = self.data()
         seed_everything(seed)
+        # The metric options tune MetricAttentionConv only; GAT keeps its
+        # paper's layer.
+        conv_kwargs = ({k: o[k] for k in METRIC_OPTIONS if o[k] is not None}
+                       if attention in METRICS else {})
         model = GATNet(data.num_features, int(data.y.max()) + 1, attention,
                        hidden_channels=o['hidden'], heads=o['heads'],
                        out_heads=o['out_heads'], dropout=o['dropout'],
-                       **{k: o[k] for k in METRIC_OPTIONS if o[k] is not None})
+                       **conv_kwargs)
         optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
                                      weight_decay=o['weight_decay'])
 
