@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
+from conftest import shared_dataset
 
 from pyg_metric_attn.cli import main
 from pyg_metric_attn.experiments import run_experiment
-from pyg_metric_attn.experiments.tasks import MoonTask
+from pyg_metric_attn.experiments.tasks import CoraTask, MnistTask, MoonTask
 from pyg_metric_attn.experiments.tasks.moon import moon_data
+from pyg_metric_attn.experiments.tasks.planetoid import GATNet
+from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -77,3 +82,73 @@ def test_cli_experiment_prints_the_table(tmp_path, capsys):
 def test_unknown_task_option():
     with pytest.raises(ValueError, match='Unknown moon options'):
         MoonTask(hiden=3)
+
+
+def check_outputs(out_dir, attentions, seeds, epochs=None):
+    """Every run's JSON is finished and its training loss fell; the figures and
+    the table are there."""
+    for attention in attentions:
+        for seed in seeds:
+            record = json.loads(
+                (out_dir / 'runs' / f'{attention}-seed{seed}.json').read_text())
+            assert record['status'] == 'ok', record.get('error')
+            losses = [row['train_loss'] for row in record['history']]
+            assert epochs is None or len(losses) == epochs
+            assert losses[-1] < losses[0]
+            assert all(row['epoch_seconds'] > 0 for row in record['history'])
+            assert 0.0 <= record['final']['test_acc'] <= 1.0
+    for figure in ('curves.png', 'violin.png'):
+        assert (out_dir / figure).read_bytes().startswith(PNG)
+    table = (out_dir / 'summary.md').read_text()
+    for attention in attentions:
+        assert f'| {attention} | {len(seeds)} |' in table
+
+
+def test_tiny_mnist(tmp_path):
+    raw = tmp_path / 'data' / 'raw'
+    raw.mkdir(parents=True)
+    for path in (shared_dataset('mnist') / 'raw').iterdir():
+        (raw / path.name).symlink_to(path)
+    task = MnistTask(epochs=3, progress=False, root=str(tmp_path / 'data'),
+                     num_train=600, num_test=200, set_size=50, time_scale=100.0,
+                     lr=1e-3)
+    run_experiment(task, ['metric', 'dot'], [0], tmp_path / 'out', progress=False)
+    check_outputs(tmp_path / 'out', ['metric', 'dot'], [0], epochs=3)
+    record = json.loads((tmp_path / 'out' / 'runs' / 'metric-seed0.json').read_text())
+    assert record['task_config']['set_size'] == 50
+    assert 'root' not in record['task_config']  # where the data live is no setting
+
+
+def test_consecutive_test_sets():
+    assert consecutive_sets(7, 3).tolist() == [0, 0, 0, 1, 1, 1, 2]
+    with pytest.raises(ValueError, match='set_size'):
+        consecutive_sets(7, 0)
+
+
+def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):
+    shutil.copytree(shared_dataset('planetoid') / 'Cora' / 'raw',
+                    tmp_path / 'data' / 'Cora' / 'raw')
+    task = CoraTask(epochs=12, progress=False, root=str(tmp_path / 'data'),
+                    patience=5, time_scale=10.0, residual=True)
+    run_experiment(task, ['metric', 'gat'], [0], tmp_path / 'out', progress=False)
+    check_outputs(tmp_path / 'out', ['metric', 'gat'], [0])
+    for attention in ('metric', 'gat'):
+        record = json.loads(
+            (tmp_path / 'out' / 'runs' / f'{attention}-seed0.json').read_text())
+        history, final = record['history'], record['final']
+        best = max(history, key=lambda row: (row['val_acc'], -row['val_loss']))
+        assert final['best_epoch'] == best['epoch']
+        assert final['test_acc'] == best['test_acc']
+        # Early stopping: the run ends `patience` epochs after the best one.
+        assert len(history) == 12 or len(history) == best['epoch'] + 5
+
+
+def test_gat_net_slots():
+    x = torch.randn(6, 5)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    for attention in ('gat', 'metric', 'dot'):
+        model = GATNet(5, 3, attention, hidden_channels=4, heads=2)
+        assert model(x, edge_index).shape == (6, 3)
+        assert model.conv1.heads == 2 and model.conv2.heads == 1
+    with pytest.raises(ValueError, match="Unknown attention 'gcn'"):
+        GATNet(5, 3, 'gcn')

@@ -26,12 +26,30 @@ class Task(ABC):
     #: Set by the runner to the experiment folder: where a task may keep
     #: per-run checkpoints so that an interrupted run resumes.
     work_dir: Path | None = None
+    #: Epochs per run when none are given.
+    default_epochs: ClassVar[int | None] = None
+    #: The task's options and their defaults; when set, other options are
+    #: refused and the defaults fill in the ones not given.
+    defaults: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, epochs: int | None = None, progress: bool = True,
                  **options: Any):
-        self.epochs = epochs
+        if self.defaults is not None:
+            options = self.with_defaults(self.defaults, options)
+        self.epochs = epochs or self.default_epochs
         self.progress = progress
         self.options = options
+
+    @classmethod
+    def with_defaults(cls, defaults: dict[str, Any],
+                      options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` filled in from ``defaults``; an option that
+        ``defaults`` does not name is an error."""
+        unknown = set(options) - set(defaults)
+        if unknown:
+            raise ValueError(f"Unknown {cls.name} options {sorted(unknown)}; "
+                             f"known: {sorted(defaults)}")
+        return {**defaults, **options}
 
     @classmethod
     def add_arguments(cls, parser: Any) -> None:

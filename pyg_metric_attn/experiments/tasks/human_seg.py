@@ -51,6 +51,7 @@ class HumanSegTask(Task):
     default_attentions = ('metric', 'l2', 'dot', 'gat', 'gatv2', 'transformer')
     final_metric = 'test_face_acc'
     curve_metrics = ('train_loss', 'test_face_acc')
+    default_epochs = 100
     defaults: dict[str, Any] = dict(
         # The paper's IPN (Table 2): d_Q = d_mlp = 64, Adam lr 1e-3, wd 1e-4.
         hidden=64, mlp_channels=64, num_layers=2, heads=1, lr=1e-3,
@@ -68,15 +69,11 @@ class HumanSegTask(Task):
 
     def __init__(self, epochs: int | None = None, progress: bool = True,
                  **options: Any):
-        unknown = set(options) - set(self.defaults)
-        if unknown:
-            raise ValueError(f"Unknown human_seg options {sorted(unknown)}; "
-                             f"known: {sorted(self.defaults)}")
-        options = {**self.defaults, **options}
+        super().__init__(epochs=epochs, progress=progress, **options)
+        options = self.options
         if options['features'] not in ('hks', 'xyz'):
             raise ValueError(f"'features' must be 'hks' or 'xyz', got "
                              f"'{options['features']}'")
-        super().__init__(epochs=epochs or 100, progress=progress, **options)
         self.eval_split = 'val' if options['val_fraction'] > 0 else 'test'
         self.final_metric = f'{self.eval_split}_face_acc'
         self.curve_metrics = ('train_loss', self.final_metric)

@@ -81,12 +81,7 @@ class Multi30kTask(Task):
         if preset not in PRESETS:
             raise ValueError(f"Unknown preset '{preset}'; expected one of "
                              f"{sorted(PRESETS)}")
-        defaults = {**COMMON, **PRESETS[preset]}
-        unknown = set(options) - set(defaults)
-        if unknown:
-            raise ValueError(f"Unknown multi30k options {sorted(unknown)}; known: "
-                             f"{sorted(defaults)}")
-        merged = {**defaults, **options}
+        merged = self.with_defaults({**COMMON, **PRESETS[preset]}, options)
         if merged['direction'] not in ('de-en', 'en-de'):
             raise ValueError(f"'direction' must be 'de-en' or 'en-de', got "
                              f"'{merged['direction']}'")

@@ -17,22 +17,22 @@ PYG_ATTENTIONS = {'gat': GATConv, 'gatv2': GATv2Conv, 'transformer': Transformer
 ATTENTIONS: tuple[str, ...] = METRICS + tuple(PYG_ATTENTIONS)
 
 
-def propagation_module(attention: str, channels: int, heads: int = 1,
-                       **kwargs: Any) -> torch.nn.Module:
-    r"""One ``channels -> channels`` attention layer of the given kind.
+def attention_conv(attention: str, in_channels: int, out_channels: int,
+                   heads: int = 1, concat: bool = True,
+                   **kwargs: Any) -> torch.nn.Module:
+    r"""An attention layer of the given kind, GATConv-style arguments.
 
     ``'metric'``, ``'l2'`` and ``'dot'`` build :class:`MetricAttentionConv`;
     ``'gat'``, ``'gatv2'`` and ``'transformer'`` build PyG's
     :class:`~torch_geometric.nn.conv.GATConv`,
     :class:`~torch_geometric.nn.conv.GATv2Conv` and
-    :class:`~torch_geometric.nn.conv.TransformerConv` with their defaults.
-    Heads are averaged (``concat=False``) so every kind keeps the width.
-    ``kwargs`` go to the layer; those a PyG layer does not take (the
-    metric-attention options) are dropped for it.
+    :class:`~torch_geometric.nn.conv.TransformerConv`. ``kwargs`` go to the
+    layer; those a PyG layer does not take (the metric-attention options) are
+    dropped for it.
     """
     if attention in METRICS:
-        return MetricAttentionConv(channels, channels, heads=heads, concat=False,
-                                   metric=attention, **kwargs)
+        return MetricAttentionConv(in_channels, out_channels, heads=heads,
+                                   concat=concat, metric=attention, **kwargs)
     if attention not in PYG_ATTENTIONS:
         raise ValueError(f"Unknown attention '{attention}'; expected one of "
                          f"{ATTENTIONS}")
@@ -41,8 +41,17 @@ def propagation_module(attention: str, channels: int, heads: int = 1,
     kwargs = {k: v for k, v in kwargs.items() if k not in metric_only}
     if attention == 'transformer':
         kwargs.pop('add_self_loops', None)  # TransformerConv has no self-loops
-    return PYG_ATTENTIONS[attention](channels, channels, heads=heads, concat=False,
-                                     **kwargs)
+    return PYG_ATTENTIONS[attention](in_channels, out_channels, heads=heads,
+                                     concat=concat, **kwargs)
+
+
+def propagation_module(attention: str, channels: int, heads: int = 1,
+                       **kwargs: Any) -> torch.nn.Module:
+    r"""One ``channels -> channels`` attention layer of the given kind (see
+    :func:`attention_conv`), heads averaged (``concat=False``) so every kind
+    keeps the width."""
+    return attention_conv(attention, channels, channels, heads, concat=False,
+                          **kwargs)
 
 
 class IPN(torch.nn.Module):
