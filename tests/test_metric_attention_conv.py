@@ -333,9 +333,9 @@ def test_learned_time_scale_is_positive_and_trains():
     x = torch.randn(6, 4)
     edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
     conv(x, edge_index).square().sum().backward()
-    assert conv.log_time_scale.grad is not None
+    assert conv.time.log_value.grad is not None
     with torch.no_grad():
-        conv.log_time_scale.fill_(-50.0)
+        conv.time.log_value.fill_(-50.0)
     assert conv.time_scale > 0
     conv.reset_parameters()
     assert torch.isclose(conv.time_scale, torch.tensor(2.0))

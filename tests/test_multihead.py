@@ -145,7 +145,7 @@ def test_sequence_first_layout_bf16_and_learned_time_scale():
                         x.transpose(0, 1)).transpose(0, 1)
     assert rel(out, batch_first) < 1e-5
     out.sum().backward()
-    assert mha.log_time_scale.grad is not None
+    assert mha.time.log_value.grad is not None
     with torch.autocast('cpu', dtype=torch.bfloat16):
         low, _ = mha(x, x, x, need_weights=False)
     assert rel(low.float(), batch_first) < 5e-2

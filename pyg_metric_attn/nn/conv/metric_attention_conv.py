@@ -1,7 +1,6 @@
 r"""Metric-attention as a PyG message-passing layer."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from pyg_metric_attn.nn.sparse_attention import (
     gathered_logits,
     sparse_metric_attention,
 )
+from pyg_metric_attn.nn.time_scale import TimeScale
 from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
     check_edge_attr,
@@ -181,8 +181,6 @@ class MetricAttentionConv(MessagePassing):
         if heads < 1 or out_channels < 1:
             raise ValueError(f"'heads' and 'out_channels' must be positive, got "
                              f"heads={heads}, out_channels={out_channels}")
-        if not time_scale > 0:
-            raise ValueError(f"'time_scale' must be positive, got {time_scale}")
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend '{backend}'; expected one of "
                              f"{BACKENDS}")
@@ -199,8 +197,7 @@ class MetricAttentionConv(MessagePassing):
         self.metric = check_metric(metric)
         self.metric_channels = metric_channels or out_channels
         self.mlp_channels = mlp_channels or heads * self.metric_channels
-        self.initial_time_scale = float(time_scale)
-        self.learn_time_scale = learn_time_scale
+        self.time = TimeScale(time_scale, learn_time_scale)
         self.value = value
         self.dropout = dropout
         self.add_self_loops = add_self_loops
@@ -234,11 +231,6 @@ class MetricAttentionConv(MessagePassing):
                                 weight_initializer='glorot')
                          if edge_dim is not None else None)
 
-        if learn_time_scale:
-            self.log_time_scale = Parameter(torch.empty(()))
-        else:
-            self.register_parameter('log_time_scale', None)
-
         total_out_channels = out_channels * (heads if concat else 1)
         self.res = (Linear(dst_channels, total_out_channels, bias=False,
                            weight_initializer='glorot') if residual else None)
@@ -255,17 +247,13 @@ class MetricAttentionConv(MessagePassing):
                        self.lin_edge, self.res):
             if module is not None:
                 module.reset_parameters()
-        if self.log_time_scale is not None:
-            with torch.no_grad():
-                self.log_time_scale.fill_(math.log(self.initial_time_scale))
+        self.time.reset_parameters()
         zeros(self.bias)
 
     @property
     def time_scale(self) -> Tensor | float:
         """The time scale :math:`t` (a tensor when it is learned)."""
-        if self.log_time_scale is not None:
-            return self.log_time_scale.exp()
-        return self.initial_time_scale
+        return self.time()
 
     def forward(
         self,

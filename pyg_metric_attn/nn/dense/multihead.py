@@ -2,15 +2,14 @@ r"""Dense multi-head metric-attention with :class:`torch.nn.MultiheadAttention`'
 call and mask conventions."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
-from torch.nn import Linear, Parameter
+from torch.nn import Linear
 from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP, check_metric
+from pyg_metric_attn.nn.time_scale import TimeScale
 
 
 class MetricMultiheadAttention(torch.nn.Module):
@@ -58,8 +57,6 @@ class MetricMultiheadAttention(torch.nn.Module):
         if embed_dim % num_heads:
             raise ValueError(f"'embed_dim' ({embed_dim}) must be divisible by "
                              f"'num_heads' ({num_heads})")
-        if not time_scale > 0:
-            raise ValueError(f"'time_scale' must be positive, got {time_scale}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -69,7 +66,7 @@ class MetricMultiheadAttention(torch.nn.Module):
         self.vdim = vdim or embed_dim
         self.batch_first = batch_first
         self.mlp_channels = mlp_channels or embed_dim
-        self.initial_time_scale = float(time_scale)
+        self.time = TimeScale(time_scale, learn_time_scale)
 
         if self.metric == 'dot':
             self.query_map = Linear(embed_dim, embed_dim, bias=bias)
@@ -81,10 +78,6 @@ class MetricMultiheadAttention(torch.nn.Module):
                             if self.kdim != embed_dim else None)
         self.v_proj = Linear(self.vdim, embed_dim, bias=bias)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
-        if learn_time_scale:
-            self.log_time_scale = Parameter(torch.empty(()))
-        else:
-            self.register_parameter('log_time_scale', None)
         self.reset_parameters()
 
     def _tied_map(self, in_dim: int) -> torch.nn.Module:
@@ -102,16 +95,12 @@ class MetricMultiheadAttention(torch.nn.Module):
                     torch.nn.init.zeros_(module.bias)
             else:
                 module.reset_parameters()
-        if self.log_time_scale is not None:
-            with torch.no_grad():
-                self.log_time_scale.fill_(math.log(self.initial_time_scale))
+        self.time.reset_parameters()
 
     @property
     def time_scale(self) -> Tensor | float:
         """The time scale :math:`t` (a tensor when it is learned)."""
-        if self.log_time_scale is not None:
-            return self.log_time_scale.exp()
-        return self.initial_time_scale
+        return self.time()
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
                 key_padding_mask: Tensor | None = None, need_weights: bool = True,
