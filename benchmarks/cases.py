@@ -53,20 +53,16 @@ def dense_attention(variant: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
 
     from pyg_metric_attn.nn import functional
 
-    def centred(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        centre = k.mean(dim=-2, keepdim=True).detach()
-        return q - centre, k - centre
-
     if variant == 'sdpa-dot':
         return F.scaled_dot_product_attention
     if variant == 'metric-sdpa':
         return lambda q, k, v: functional.dense_metric_attention(q, k, v)[0]
     if variant == 'metric-key-bias':
         return lambda q, k, v: functional._key_bias_sdpa(
-            *centred(q, k), v, 1.0, None, 0.0)
+            *functional.centred(q, k), v, 1.0, None, 0.0)
     if variant == 'metric-augmented':
         return lambda q, k, v: functional._augmented_sdpa(
-            *centred(q, k), v, 1.0, None, False, 0.0)
+            *functional.centred(q, k), v, 1.0, None, False, 0.0)
     if variant == 'naive-cdist':
         return lambda q, k, v: torch.softmax(-torch.cdist(q, k).square(),
                                              dim=-1) @ v

@@ -52,6 +52,16 @@ def attention_logits(query: Tensor, key: Tensor, metric: str,
     return -torch.cdist(query - centre, key - centre).square() / time_scale
 
 
+def centred(query: Tensor, key: Tensor, dim: int = -2) -> tuple[Tensor, Tensor]:
+    """Shift queries and keys by the mean key along ``dim`` (a constant for
+    autograd): distances are unchanged, the expanded form
+    ``|q|^2 - 2 q.k + |k|^2`` loses no precision to large offsets."""
+    if key.size(dim) == 0:
+        return query, key
+    centre = key.detach().mean(dim=dim, keepdim=True)
+    return query - centre, key - centre
+
+
 def dense_metric_attention(
     query: Tensor,
     key: Tensor,
@@ -93,8 +103,7 @@ def dense_metric_attention(
         return _sdpa(query, key, value, scale, attn_mask, is_causal,
                      dropout_p), None
 
-    centre = key.mean(dim=-2, keepdim=True).detach()
-    query, key = query - centre, key - centre
+    query, key = centred(query, key)
     if _needs_augmented_form(query, key, value, time_scale, is_causal):
         return _augmented_sdpa(query, key, value, time_scale, attn_mask,
                                is_causal, dropout_p), None

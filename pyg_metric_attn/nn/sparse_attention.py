@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from pyg_metric_attn.nn.functional import centred
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.csr import HeadBlockCSR, from_blocks, to_blocks
 
@@ -106,13 +107,6 @@ class SegmentSoftmax(torch.autograd.Function):
         return None, alpha * (grad - ctx.graph.broadcast_rows(row_dot))
 
 
-def _centred(query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
-    """Shift both point sets by the mean key (distances are unchanged)."""
-    if key.size(0) == 0:
-        return query, key
-    centre = key.detach().mean(dim=0, keepdim=True)
-    return query - centre, key - centre
-
 
 def _scaled_query(query: Tensor, metric: str,
                   time_scale: float | Tensor) -> Tensor:
@@ -137,7 +131,7 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
         time_scale (float or torch.Tensor): The time scale :math:`t`.
     """
     if check_metric(metric) != 'dot':
-        query, key = _centred(query, key)
+        query, key = centred(query, key, dim=0)
     key = to_blocks(key)
     logits = SampledDot.apply(graph, to_blocks(_scaled_query(query, metric,
                                                              time_scale)), key)
@@ -152,7 +146,7 @@ def gathered_logits(query: Tensor, key: Tensor, edge_index: Tensor,
     r"""The logits of :func:`block_logits` in edge order, ``[E, H]``, by
     per-edge gathers (for compilers, which fuse the gathers away)."""
     if check_metric(metric) != 'dot':
-        query, key = _centred(query, key)
+        query, key = centred(query, key, dim=0)
     src, dst = edge_index[0], edge_index[1]
     query = _scaled_query(query, metric, time_scale)
     logits = (query[dst] * key[src]).sum(-1)
