@@ -14,6 +14,7 @@ from pyg_metric_attn.experiments.tasks import CoraTask, MnistTask, MoonTask
 from pyg_metric_attn.experiments.tasks.moon import moon_data
 from pyg_metric_attn.experiments.tasks.planetoid import GATNet
 from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
+from pyg_metric_attn.utils.point_sets import shuffled_sets
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -123,6 +124,27 @@ def test_consecutive_test_sets():
     assert consecutive_sets(7, 3).tolist() == [0, 0, 0, 1, 1, 1, 2]
     with pytest.raises(ValueError, match='set_size'):
         consecutive_sets(7, 0)
+
+
+def test_validation_holds_out_the_last_training_points(monkeypatch):
+    from pyg_metric_attn.experiments.tasks import point_sets
+    trained_on = []
+
+    def recording_sets(num_points, set_size, generator=None):
+        trained_on.append(num_points)
+        return shuffled_sets(num_points, set_size, generator)
+
+    monkeypatch.setattr(point_sets, 'shuffled_sets', recording_sets)
+    task = MoonTask(epochs=2, progress=False, validation=80)
+    result = task.run('metric', seed=0)
+    assert trained_on == [320, 320]  # 400 training points minus 80 held out
+    for row in result['history']:
+        # accuracies over 80 validation and 100 test points
+        assert abs(row['val_acc'] * 80 - round(row['val_acc'] * 80)) < 1e-4
+        assert abs(row['test_acc'] * 100 - round(row['test_acc'] * 100)) < 1e-4
+    assert {'val_acc', 'val_loss', 'test_acc', 'test_loss'} <= set(result['final'])
+    with pytest.raises(ValueError, match="'validation' must be in"):
+        MoonTask(epochs=1, progress=False, validation=400).run('metric', seed=0)
 
 
 def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):

@@ -88,11 +88,18 @@ def test_strided_global_attention_matches_per_mesh_reference():
                                block.global_attention.forward_point_sets(h, batch))
 
 
-@pytest.mark.parametrize('attention', ['metric', 'gat', 'metricformer'])
-def test_short_training_run_loss_falls(synthetic_root, attention):
+@pytest.mark.parametrize('attention,diffusion', [
+    ('metric', False), ('gat', False), ('metricformer', False),
+    ('metricformer', True)])
+def test_short_training_run_loss_falls(synthetic_root, attention, diffusion):
     task = HumanSegTask(epochs=6, progress=False, synthetic_root=str(synthetic_root),
                         former_hidden=32, former_layers=2, former_heads=2,
-                        former_dropout=0.0, lr=1e-2, **SMALL)
+                        former_dropout=0.0, former_diffusion=diffusion, lr=1e-2,
+                        **SMALL)
+    if diffusion:
+        mesh = task.datasets()[0][0]
+        assert mesh.evecs.shape == (mesh.num_nodes, SMALL['k'])
+        assert mesh.evals.shape == (1, SMALL['k'])
     result = task.run(attention, seed=0)
     losses = [row['train_loss'] for row in result['history']]
     assert losses[-1] < 0.8 * losses[0]

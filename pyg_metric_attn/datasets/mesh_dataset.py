@@ -104,20 +104,31 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
 
 
 def _operators(pos: np.ndarray, face: np.ndarray, name: str,
-               settings: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+               settings: dict[str, Any], cache_dir: str | None,
+               spectral_basis: int) -> dict[str, Any]:
     with threadpool_limits(1):  # one BLAS thread per worker: no oversubscription
         operators = mesh_operators(pos, face, name=name,
                                    cache=OperatorCache(cache_dir), **settings)
-    return {key: operators[key] for key in ('hks', 'mass')}
+    kept = {key: operators[key] for key in ('hks', 'mass')}
+    if spectral_basis:
+        kept['evals'] = operators['evals'][None, :spectral_basis]  # [1, m]
+        kept['evecs'] = operators['evecs'][:, :spectral_basis]
+    return kept
 
 
 def compute_operators(data_list: list[Data], settings: dict[str, Any],
                       cache_dir: str | Path | None, num_workers: int = 2,
-                      progress: bool = True) -> None:
-    """Attach ``hks``, ``mass`` and ``x = hks`` to every mesh, computing the
-    operators (or reading them from the cache) in ``num_workers`` processes."""
+                      progress: bool = True, spectral_basis: int = 0) -> None:
+    """Attach ``hks``, ``mass`` and ``x = hks`` to every mesh, and with
+    ``spectral_basis = m > 0`` the first ``m`` eigenpairs (``evals``
+    ``[1, m]``, ``evecs`` ``[V, m]``), computing the operators (or reading
+    them from the cache) in ``num_workers`` processes."""
+    if not 0 <= spectral_basis <= settings['k']:
+        raise ValueError(f"'spectral_basis' must be in [0, k={settings['k']}], "
+                         f"got {spectral_basis}")
     jobs = [(d.pos.double().numpy(), d.face.t().numpy(), d.name, settings,
-             None if cache_dir is None else str(cache_dir)) for d in data_list]
+             None if cache_dir is None else str(cache_dir), spectral_basis)
+            for d in data_list]
     bar = dict(total=len(jobs), desc='mesh operators', disable=not progress,
                dynamic_ncols=True)
     if num_workers > 1 and len(jobs) >= 4 * num_workers:  # else not worth spawning
@@ -127,7 +138,8 @@ def compute_operators(data_list: list[Data], settings: dict[str, Any],
     else:
         results = [_operators(*job) for job in tqdm(jobs, **bar)]
     for data, operators in zip(data_list, results, strict=True):
-        data.hks, data.mass = operators['hks'], operators['mass']
+        for key, value in operators.items():
+            data[key] = value
         data.x = data.hks
 
 
@@ -142,7 +154,8 @@ class MeshDataset(InMemoryDataset):
     name their processed file.
 
     Every mesh gets ``x = hks`` (heat kernel signatures of the normalised
-    mesh from ``k`` eigenpairs) and ``mass``. Operators are cached per mesh
+    mesh from ``k`` eigenpairs) and ``mass``, and with ``spectral_basis``
+    the eigenpairs for spectral heat diffusion. Operators are cached per mesh
     in ``PROCESSED/operators/`` keyed by content, so re-processing (another
     split, a lost processed file) reads them back.
 
@@ -150,6 +163,10 @@ class MeshDataset(InMemoryDataset):
         root (str): Root folder.
         k (int): Laplacian eigenpairs for the HKS. (default: :obj:`128`)
         hks_count (int): HKS scales. (default: :obj:`16`)
+        spectral_basis (int): Eigenpairs kept per mesh as ``evals``
+            ``[1, m]`` and ``evecs`` ``[V, m]`` (for
+            :class:`~pyg_metric_attn.nn.HeatDiffusion`); :obj:`0` keeps
+            none. (default: :obj:`0`)
         laplacian (str): ``'auto'``, ``'cotan'`` or ``'robust'``.
         num_workers (int): Processes computing operators. (default: :obj:`2`)
         processed_dir (str, optional): Where processed files go (default
@@ -158,7 +175,8 @@ class MeshDataset(InMemoryDataset):
             :class:`~torch_geometric.data.InMemoryDataset`.
     """
     def __init__(self, root: str, k: int = 128, hks_count: int = 16,
-                 laplacian: str = 'auto', num_workers: int = 2,
+                 spectral_basis: int = 0, laplacian: str = 'auto',
+                 num_workers: int = 2,
                  processed_dir: str | None = None,
                  transform: Callable | None = None,
                  pre_transform: Callable | None = None,
@@ -166,6 +184,7 @@ class MeshDataset(InMemoryDataset):
                  log: bool = True):
         self.settings = dict(k=k, hks_count=hks_count, gradients=False,
                              laplacian_method=laplacian)
+        self.spectral_basis = spectral_basis
         self.num_workers = num_workers
         self._processed_dir = processed_dir
         super().__init__(root, transform, pre_transform, pre_filter,
@@ -184,7 +203,8 @@ class MeshDataset(InMemoryDataset):
     @property
     def settings_tag(self) -> str:
         s = self.settings
-        return f"k{s['k']}_hks{s['hks_count']}_{s['laplacian_method']}"
+        tag = f"k{s['k']}_hks{s['hks_count']}_{s['laplacian_method']}"
+        return f'{tag}_basis{self.spectral_basis}' if self.spectral_basis else tag
 
     def raw_meshes(self) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
@@ -204,7 +224,8 @@ class MeshDataset(InMemoryDataset):
                     f"{_labels(data)}): label all meshes alike or none")
         compute_operators(data_list, self.settings,
                           Path(self.processed_dir) / 'operators',
-                          self.num_workers, progress=self.log)
+                          self.num_workers, progress=self.log,
+                          spectral_basis=self.spectral_basis)
         if self.pre_transform is not None:
             data_list = [self.pre_transform(d) for d in data_list]
         data, slices = self.collate(data_list)

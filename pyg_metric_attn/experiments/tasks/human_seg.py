@@ -9,7 +9,9 @@ the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
 ``'gatv2'``, ``'transformer'`` in the same slots, or ``'metricformer'``,
 :class:`~pyg_metric_attn.nn.models.MetricMeshFormer` (local plus global
 metric-attention with residual feed-forward blocks; its learning rate follows a
-cosine schedule to zero over the epochs unless ``former_cosine=False``).
+cosine schedule to zero over the epochs unless ``former_cosine=False``; with
+``former_diffusion=True`` every block starts with a learned-time heat
+diffusion over the mesh, and the meshes carry their ``k`` eigenpairs).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -62,6 +64,7 @@ class HumanSegTask(Task):
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
+        former_diffusion=False,
         # Data.
         root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
         synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
@@ -101,6 +104,7 @@ class HumanSegTask(Task):
         if self._data is None:
             o = self.options
             common = dict(k=o['k'], hks_count=o['hks_count'],
+                          spectral_basis=self.spectral_basis,
                           num_workers=o['num_workers'], log=self.progress)
             if o['root']:
                 train = HumanSegmentation(o['root'], 'train',
@@ -122,6 +126,12 @@ class HumanSegTask(Task):
             self._data = train, test
         return self._data
 
+    @property
+    def spectral_basis(self) -> int:
+        """Eigenpairs each mesh carries: all ``k`` for the former's heat
+        diffusion, else none."""
+        return self.options['k'] if self.options['former_diffusion'] else 0
+
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex (rotated coordinates when augmenting)."""
         if self.options['features'] == 'hks':
@@ -142,7 +152,8 @@ class HumanSegTask(Task):
                                     o['former_heads'],
                                     dropout=o['former_dropout'],
                                     global_attention=o['former_global'],
-                                    global_stride=o['former_global_stride'])
+                                    global_stride=o['former_global_stride'],
+                                    diffusion=o['former_diffusion'])
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
@@ -160,7 +171,9 @@ class HumanSegTask(Task):
         """Per-vertex logits of a batch of meshes."""
         x = self.inputs(batch, augment)
         if isinstance(model, MetricMeshFormer):
-            return model(x, batch.edge_index, batch.batch)
+            spectrum = ({key: batch[key] for key in ('evecs', 'evals', 'mass')}
+                        if self.spectral_basis else {})
+            return model(x, batch.edge_index, batch.batch, **spectrum)
         return model(x, batch.edge_index)
 
     def evaluate(self, model: torch.nn.Module, meshes,
@@ -239,7 +252,8 @@ class HumanSegTask(Task):
         compute_operators([mesh], dict(k=self.options['k'],
                                        hks_count=self.options['hks_count'],
                                        gradients=False, laplacian_method='auto'),
-                          cache_dir=None, num_workers=1, progress=False)
+                          cache_dir=None, num_workers=1, progress=False,
+                          spectral_basis=self.spectral_basis)
         return mesh
 
     def save_example(self, model: torch.nn.Module, out_dir: Path,

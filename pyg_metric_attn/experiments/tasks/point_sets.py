@@ -7,6 +7,11 @@ consecutive sets of the same ``set_size`` and attend only to the test points
 of their own set (test labels are never used); every attention type sees
 exactly the same test sets. The run's seed sets the initialisation and the
 order of the training sets; the data do not depend on it.
+
+With ``validation=N`` the last ``N`` training points are held out: the model
+trains on the others, and every epoch also reports ``val_loss``/``val_acc``
+on the held-out points (cut into consecutive sets like the test points), so
+settings can be chosen without looking at the test set.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from pyg_metric_attn.utils.point_sets import shuffled_sets
 #: Options every point-set task has (subclasses extend and override them).
 POINT_SET_DEFAULTS: dict[str, Any] = dict(
     hidden=10, mlp_channels=10, num_layers=1, heads=1, time_scale=1.0,
-    learn_time_scale=False, lr=1e-3, weight_decay=1e-4, set_size=100)
+    learn_time_scale=False, lr=1e-3, weight_decay=1e-4, set_size=100,
+    validation=0)
 
 
 def consecutive_sets(num_points: int, set_size: int) -> Tensor:
@@ -47,7 +53,15 @@ class PointSetTask(Task):
     def run(self, attention: str, seed: int) -> dict[str, Any]:
         o = self.options
         x_train, y_train, x_test, y_test = self.data()
-        test_sets = consecutive_sets(x_test.size(0), o['set_size'])
+        held_out = o['validation']
+        if not 0 <= held_out < x_train.size(0):
+            raise ValueError(f"'validation' must be in [0, {x_train.size(0)}) "
+                             f"(training points), got {held_out}")
+        split = x_train.size(0) - held_out
+        evaluation_sets = {'test': (x_test, y_test)}
+        if held_out:
+            evaluation_sets['val'] = (x_train[split:], y_train[split:])
+            x_train, y_train = x_train[:split], y_train[:split]
         seed_everything(seed)
         model = IPN(x_train.size(1), o['hidden'], self.num_classes,
                     num_layers=o['num_layers'], attention=attention,
@@ -67,13 +81,17 @@ class PointSetTask(Task):
             return F.cross_entropy(model(x), y)
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
-            logits = model(x_test, batch=test_sets)
-            return {'test_loss': float(F.cross_entropy(logits, y_test)),
-                    'test_acc': float((logits.argmax(-1) == y_test).float().mean())}
+            metrics = {}
+            for name, (x, y) in evaluation_sets.items():
+                logits = model(x, batch=consecutive_sets(x.size(0), o['set_size']))
+                metrics[f'{name}_loss'] = float(F.cross_entropy(logits, y))
+                metrics[f'{name}_acc'] = float((logits.argmax(-1) == y).float().mean())
+            return metrics
 
         trainer = Trainer(model, optimizer, step, evaluate,
                           progress=self.progress,
                           desc=f'{self.name} {attention} seed {seed}')
         history = trainer.fit(batches, self.epochs)
-        final = {k: v for k, v in history[-1].items() if k.startswith('test_')}
+        final = {k: v for k, v in history[-1].items()
+                 if k.startswith(('test_', 'val_'))}
         return {'history': history, 'final': final}

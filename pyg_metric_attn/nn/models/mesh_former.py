@@ -11,12 +11,18 @@ from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
+from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
+
+#: ``(evecs [N, m], evals [B, m], mass [N])`` of the meshes of a batch.
+Spectrum = tuple[Tensor, Tensor, Tensor]
 
 
 class MetricMeshFormerBlock(torch.nn.Module):
     r"""Pre-norm residual block,
 
     .. math::
+        h &\leftarrow h + W \, \mathrm{HeatDiffusion}(\mathrm{LN}(h))
+            \quad (\text{optional}) \\
         h &\leftarrow h + \mathrm{LocalMetricAttn}(\mathrm{LN}(h), E) \\
         h &\leftarrow h + \mathrm{GlobalMetricAttn}(\mathrm{LN}(h)) \\
         h &\leftarrow h + \mathrm{FFN}(\mathrm{LN}(h)),
@@ -25,17 +31,23 @@ class MetricMeshFormerBlock(torch.nn.Module):
     edges, the global one a :class:`MetricMultiheadAttention` from every
     vertex to every ``global_stride``-th vertex (in file order) of the same
     mesh (dense SDPA kernel; ``global_stride=1``: all pairs), the FFN
-    ``Linear -> GELU -> Linear`` of width ``2 * channels``.
+    ``Linear -> GELU -> Linear`` of width ``2 * channels``; the optional
+    first step a :class:`HeatDiffusion` of every channel (learned times)
+    followed by a linear map, the mesh's geometry at scales beyond the
+    edges.
     """
     def __init__(self, channels: int, heads: int, time_scale: float,
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
-                 global_stride: int = 1):
+                 global_stride: int = 1, diffusion: bool = False):
         super().__init__()
         self.global_stride = global_stride
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
                              f"'heads' ({heads})")
+        self.norm_diffusion = LayerNorm(channels) if diffusion else None
+        self.diffusion = HeatDiffusion(channels) if diffusion else None
+        self.lin_diffusion = Linear(channels, channels) if diffusion else None
         self.norm_local = LayerNorm(channels)
         self.local = MetricAttentionConv(
             channels, channels // heads, heads=heads, metric=metric,
@@ -49,7 +61,15 @@ class MetricMeshFormerBlock(torch.nn.Module):
                               Dropout(dropout), Linear(2 * channels, channels))
         self.dropout = Dropout(dropout)
 
-    def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor) -> Tensor:
+    def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
+                spectrum: Spectrum | None = None) -> Tensor:
+        if self.diffusion is not None:
+            if spectrum is None:
+                raise ValueError("A block with diffusion needs the meshes' "
+                                 "spectrum (evecs, evals, mass): load them "
+                                 "with 'spectral_basis' > 0")
+            diffused = self.diffusion(self.norm_diffusion(h), *spectrum, batch)
+            h = h + self.dropout(self.lin_diffusion(diffused))
         h = h + self.dropout(self.local(self.norm_local(h), edge_index))
         if self.global_attention is not None:
             h = h + self.dropout(self._global(self.norm_global(h), batch))
@@ -95,12 +115,16 @@ class MetricMeshFormer(torch.nn.Module):
             (default: :obj:`'metric'`)
         global_stride (int): Global attention attends to every
             ``global_stride``-th vertex of each mesh. (default: :obj:`1`)
+        diffusion (bool): Start every block with a learned-time
+            :class:`HeatDiffusion`; :meth:`forward` then needs the meshes'
+            ``evecs``, ``evals`` and ``mass``. (default: :obj:`False`)
     """
     def __init__(self, in_channels: int, hidden_channels: int = 128,
                  out_channels: int = 8, num_layers: int = 4, heads: int = 4,
                  time_scale: float | None = None, learn_time_scale: bool = True,
                  dropout: float = 0.0, global_attention: bool = True,
-                 metric: str = 'metric', global_stride: int = 1):
+                 metric: str = 'metric', global_stride: int = 1,
+                 diffusion: bool = False):
         super().__init__()
         if time_scale is None:
             time_scale = 2.0 * hidden_channels / heads
@@ -108,14 +132,19 @@ class MetricMeshFormer(torch.nn.Module):
         self.blocks = torch.nn.ModuleList([
             MetricMeshFormerBlock(hidden_channels, heads, time_scale,
                                   learn_time_scale, dropout, global_attention,
-                                  metric, global_stride)
+                                  metric, global_stride, diffusion)
             for _ in range(num_layers)
         ])
         self.norm_out = LayerNorm(hidden_channels)
         self.lin_out = Linear(hidden_channels, out_channels)
 
-    def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
+                evecs: OptTensor = None, evals: OptTensor = None,
+                mass: OptTensor = None) -> Tensor:
+        spectrum = None
+        if evecs is not None and evals is not None and mass is not None:
+            spectrum = (evecs, evals, mass)
         h = self.lin_in(x)
         for block in self.blocks:
-            h = block(h, edge_index, batch)
+            h = block(h, edge_index, batch, spectrum)
         return self.lin_out(self.norm_out(h))
