@@ -108,6 +108,18 @@ def test_short_training_run_loss_falls(synthetic_root, attention, diffusion):
     assert len(final['confusion']) == 8 and len(final['class_acc']) == 8
 
 
+def test_ipn_value_and_residual_options_reach_metric_layers(synthetic_root):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        value=True, residual=True, **SMALL)
+    for attention in ('metric', 'l2', 'dot'):
+        conv = task.build_model(attention).convs[0]
+        assert conv.lin_value is not None and conv.res is not None
+    plain = HumanSegTask(progress=False, synthetic_root=str(synthetic_root), **SMALL)
+    conv = plain.build_model('metric').convs[0]
+    assert conv.lin_value is None and conv.res is None  # the paper's H' = S H
+    assert task.build_model('gat').convs[0].__class__.__name__ == 'GATConv'
+
+
 def test_xyz_inputs_are_rotated_for_training(synthetic_root):
     task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                         features='xyz', **SMALL)

@@ -60,6 +60,9 @@ class HumanSegTask(Task):
         weight_decay=1e-4, batch_size=8,
         # Heat-kernel time t of metric/l2/dot: a float or {attention: t}.
         time_scale=1.0, learn_time_scale=False,
+        # metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map
+        # of the vertex's own features added (TransformerConv's root weight).
+        value=False, residual=False,
         features='hks', val_fraction=0.0, data_seed=0,
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
@@ -163,7 +166,8 @@ class HumanSegTask(Task):
             if isinstance(time_scale, dict):
                 time_scale = time_scale[attention]
             kwargs = dict(mlp_channels=o['mlp_channels'], time_scale=time_scale,
-                          learn_time_scale=o['learn_time_scale'])
+                          learn_time_scale=o['learn_time_scale'],
+                          value=o['value'], residual=o['residual'])
         return IPN(in_channels, o['hidden'], len(BODY_PARTS), o['num_layers'],
                    attention=attention, heads=o['heads'], **kwargs)
 
