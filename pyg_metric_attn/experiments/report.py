@@ -67,10 +67,13 @@ def summary_table(task: Task, summary: dict[str, Any]) -> str:
 def plot_curves(task: Task, records: Sequence[dict[str, Any]], path: Path) -> None:
     """Per-epoch curves: mean over seeds with a min-max band per attention."""
     metrics = list(task.curve_metrics)
+    attentions = list(dict.fromkeys(r['attention'] for r in records))
+    # One colour per attention, also beyond matplotlib's ten default ones.
+    palette = plt.get_cmap('tab10' if len(attentions) <= 10 else 'tab20')
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8),
                              squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
-        for attention in dict.fromkeys(r['attention'] for r in records):
+        for index, attention in enumerate(attentions):
             curves = [[row[metric] for row in r['history'] if metric in row]
                       for r in records
                       if r['attention'] == attention and r['status'] == 'ok']
@@ -80,13 +83,14 @@ def plot_curves(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
             length = min(len(c) for c in curves)  # early stopping may differ
             values = np.array([c[:length] for c in curves], dtype=float)
             epochs = np.arange(1, length + 1)
-            line, = ax.plot(epochs, values.mean(0), label=attention)
+            color = palette(index % palette.N)
+            ax.plot(epochs, values.mean(0), label=attention, color=color)
             ax.fill_between(epochs, values.min(0), values.max(0), alpha=0.2,
-                            color=line.get_color())
+                            color=color)
         ax.set_xlabel('epoch')
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize='small')
     fig.suptitle(f'{task.name}: mean over seeds, band = min to max')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
