@@ -1,8 +1,8 @@
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
-from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
+from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
 from pyg_metric_attn.nn.models import IPN
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 
-__all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv', 'MetricMultiheadAttention',
-           'ResidualTanhMLP']
+__all__ = ['HeatDiffusion', 'IPN', 'MeshSpectrum', 'MetricAttentionConv',
+           'MetricMultiheadAttention', 'ResidualTanhMLP']

@@ -2,12 +2,53 @@ r"""Heat diffusion on meshes in a truncated Laplacian eigenbasis."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
+
+
+class MeshSpectrum(NamedTuple):
+    r"""The eigenbases of a batch of meshes, padded to dense ``[B, V, m]``
+    once so that every :class:`HeatDiffusion` of a network reuses them."""
+    basis: Tensor  #: :math:`\Phi` ``[B, V, m]`` (padding rows zero)
+    mass_basis: Tensor  #: :math:`M \Phi` ``[B, V, m]``
+    evals: Tensor  #: :math:`\Lambda` ``[B, m]``
+    batch: Tensor  #: mesh of every vertex ``[N]``
+
+    @classmethod
+    def from_batch(cls, evecs: Tensor, evals: Tensor, mass: Tensor,
+                   batch: OptTensor = None) -> MeshSpectrum:
+        """From the stacked ``evecs`` ``[N, m]``, ``evals`` ``[B, m]`` and
+        ``mass`` ``[N]`` of the meshes (``batch``: sorted mesh index per
+        vertex, :obj:`None` for one mesh)."""
+        num_nodes = evecs.size(0)
+        if evecs.dim() != 2:
+            raise ValueError(f"'evecs' must have shape [N, m], got "
+                             f"{list(evecs.shape)}")
+        if mass.shape != (num_nodes, ):
+            raise ValueError(f"'mass' must have shape [{num_nodes}], got "
+                             f"{list(mass.shape)}")
+        if batch is None:
+            batch = torch.zeros(num_nodes, dtype=torch.long, device=evecs.device)
+        if batch.shape != (num_nodes, ):
+            raise ValueError(f"'batch' must have shape [{num_nodes}], got "
+                             f"{list(batch.shape)}")
+        num_meshes = int(batch.max()) + 1 if num_nodes else 0
+        if evals.shape != (num_meshes, evecs.size(1)):
+            raise ValueError(f"'evals' must have shape [{num_meshes}, "
+                             f"{evecs.size(1)}] (meshes, eigenpairs), got "
+                             f"{list(evals.shape)}")
+        if num_nodes == 0:  # no meshes: nothing to pad
+            empty = evecs.new_zeros(0, 0, evecs.size(1))
+            return cls(empty, empty, evals, batch)
+        basis, _ = to_dense_batch(evecs, batch, batch_size=num_meshes)
+        mass_basis, _ = to_dense_batch(evecs * mass[:, None], batch,
+                                       batch_size=num_meshes)
+        return cls(basis, mass_basis, evals, batch)
 
 
 class HeatDiffusion(torch.nn.Module):
@@ -61,30 +102,25 @@ class HeatDiffusion(torch.nn.Module):
             batch (torch.Tensor, optional): Mesh of every vertex (sorted);
                 :obj:`None`: one mesh.
         """
-        num_nodes = h.size(0)
+        return self.diffuse(h, MeshSpectrum.from_batch(evecs, evals, mass, batch))
+
+    def diffuse(self, h: Tensor, spectrum: MeshSpectrum) -> Tensor:
+        """The diffusion of ``h`` ``[N, channels]`` on meshes whose
+        :class:`MeshSpectrum` is prepared (once per batch, for every layer)."""
         if h.dim() != 2 or h.size(1) != self.channels:
             raise ValueError(f"'h' must have shape [N, {self.channels}], got "
                              f"{list(h.shape)}")
-        if evecs.dim() != 2 or evecs.size(0) != num_nodes:
-            raise ValueError(f"'evecs' must have shape [{num_nodes}, m], got "
-                             f"{list(evecs.shape)}")
-        if mass.shape != (num_nodes, ):
-            raise ValueError(f"'mass' must have shape [{num_nodes}], got "
-                             f"{list(mass.shape)}")
-        if batch is None:
-            batch = torch.zeros(num_nodes, dtype=torch.long, device=h.device)
-        num_meshes = int(batch.max()) + 1 if num_nodes else 0
-        if evals.shape != (num_meshes, evecs.size(1)):
-            raise ValueError(f"'evals' must have shape [{num_meshes}, "
-                             f"{evecs.size(1)}] (meshes, eigenpairs), got "
-                             f"{list(evals.shape)}")
-        if num_nodes == 0:
+        if h.size(0) != spectrum.batch.numel():
+            raise ValueError(f"'h' has {h.size(0)} vertices, the spectrum "
+                             f"{spectrum.batch.numel()}")
+        if h.size(0) == 0:
             return h
-        weighted, mask = to_dense_batch(h * mass[:, None], batch)  # [B, V, C]
-        basis, _ = to_dense_batch(evecs, batch)  # [B, V, m]; padding rows 0
-        spectrum = basis.transpose(1, 2) @ weighted  # [B, m, C]
-        decay = torch.exp(-evals[:, :, None] * self.log_time.exp())
-        return (basis @ (decay * spectrum))[mask]
+        dense, mask = to_dense_batch(h, spectrum.batch,
+                                     max_num_nodes=spectrum.basis.size(1),
+                                     batch_size=spectrum.basis.size(0))
+        coefficients = spectrum.mass_basis.transpose(1, 2) @ dense  # [B, m, C]
+        decay = torch.exp(-spectrum.evals[:, :, None] * self.log_time.exp())
+        return (spectrum.basis @ (decay * coefficients))[mask]
 
     def extra_repr(self) -> str:
         return (f'{self.channels}, min_time={self.min_time}, '

@@ -58,10 +58,12 @@ class PointSetTask(Task):
             raise ValueError(f"'validation' must be in [0, {x_train.size(0)}) "
                              f"(training points), got {held_out}")
         split = x_train.size(0) - held_out
-        evaluation_sets = {'test': (x_test, y_test)}
+        evaluated = {'test': (x_test, y_test)}
         if held_out:
-            evaluation_sets['val'] = (x_train[split:], y_train[split:])
+            evaluated['val'] = (x_train[split:], y_train[split:])
             x_train, y_train = x_train[:split], y_train[:split]
+        evaluation_sets = {name: (x, y, consecutive_sets(x.size(0), o['set_size']))
+                           for name, (x, y) in evaluated.items()}
         seed_everything(seed)
         model = IPN(x_train.size(1), o['hidden'], self.num_classes,
                     num_layers=o['num_layers'], attention=attention,
@@ -82,8 +84,8 @@ class PointSetTask(Task):
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             metrics = {}
-            for name, (x, y) in evaluation_sets.items():
-                logits = model(x, batch=consecutive_sets(x.size(0), o['set_size']))
+            for name, (x, y, sets) in evaluation_sets.items():
+                logits = model(x, batch=sets)
                 metrics[f'{name}_loss'] = float(F.cross_entropy(logits, y))
                 metrics[f'{name}_acc'] = float((logits.argmax(-1) == y).float().mean())
             return metrics

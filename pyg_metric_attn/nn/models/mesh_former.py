@@ -11,10 +11,7 @@ from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
-from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
-
-#: ``(evecs [N, m], evals [B, m], mass [N])`` of the meshes of a batch.
-Spectrum = tuple[Tensor, Tensor, Tensor]
+from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
 
 
 class MetricMeshFormerBlock(torch.nn.Module):
@@ -62,13 +59,13 @@ class MetricMeshFormerBlock(torch.nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
-                spectrum: Spectrum | None = None) -> Tensor:
+                spectrum: MeshSpectrum | None = None) -> Tensor:
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
                                  "spectrum (evecs, evals, mass): load them "
                                  "with 'spectral_basis' > 0")
-            diffused = self.diffusion(self.norm_diffusion(h), *spectrum, batch)
+            diffused = self.diffusion.diffuse(self.norm_diffusion(h), spectrum)
             h = h + self.dropout(self.lin_diffusion(diffused))
         h = h + self.dropout(self.local(self.norm_local(h), edge_index))
         if self.global_attention is not None:
@@ -141,9 +138,9 @@ class MetricMeshFormer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
                 evecs: OptTensor = None, evals: OptTensor = None,
                 mass: OptTensor = None) -> Tensor:
-        spectrum = None
+        spectrum = None  # prepared once, shared by every block's diffusion
         if evecs is not None and evals is not None and mass is not None:
-            spectrum = (evecs, evals, mass)
+            spectrum = MeshSpectrum.from_batch(evecs, evals, mass, batch)
         h = self.lin_in(x)
         for block in self.blocks:
             h = block(h, edge_index, batch, spectrum)
