@@ -88,18 +88,24 @@ def test_strided_global_attention_matches_per_mesh_reference():
                                block.global_attention.forward_point_sets(h, batch))
 
 
-@pytest.mark.parametrize('attention,diffusion', [
-    ('metric', False), ('gat', False), ('metricformer', False),
-    ('metricformer', True)])
-def test_short_training_run_loss_falls(synthetic_root, attention, diffusion):
+@pytest.mark.parametrize('attention,diffusion,gradients', [
+    ('metric', False, False), ('gat', False, False),
+    ('metricformer', False, False), ('metricformer', True, False),
+    ('metricformer', True, True)])
+def test_short_training_run_loss_falls(synthetic_root, attention, diffusion,
+                                       gradients):
     task = HumanSegTask(epochs=6, progress=False, synthetic_root=str(synthetic_root),
                         former_hidden=32, former_layers=2, former_heads=2,
-                        former_dropout=0.0, former_diffusion=diffusion, lr=1e-2,
-                        **SMALL)
+                        former_dropout=0.0, former_diffusion=diffusion,
+                        former_gradients=gradients, lr=1e-2, **SMALL)
+    mesh = task.datasets()[0][0]
     if diffusion:
-        mesh = task.datasets()[0][0]
         assert mesh.evecs.shape == (mesh.num_nodes, SMALL['k'])
         assert mesh.evals.shape == (1, SMALL['k'])
+    # Gradient operators: a diagonal and one entry per directed edge.
+    assert ('grad_index' in mesh) == gradients
+    if gradients:
+        assert mesh.grad_weight.shape == (mesh.num_nodes + mesh.num_edges, 2)
     result = task.run(attention, seed=0)
     losses = [row['train_loss'] for row in result['history']]
     assert losses[-1] < 0.8 * losses[0]

@@ -113,7 +113,23 @@ def _operators(pos: np.ndarray, face: np.ndarray, name: str,
     if spectral_basis:
         kept['evals'] = operators['evals'][None, :spectral_basis]  # [1, m]
         kept['evecs'] = operators['evecs'][:, :spectral_basis]
+    if settings['gradients']:
+        kept['grad_index'], kept['grad_weight'] = _gradient_coefficients(
+            operators['grad_x'], operators['grad_y'])
     return kept
+
+
+def _gradient_coefficients(grad_x: torch.Tensor, grad_y: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sparse ``[V, V]`` operators as one list of nonzeros: ``[2, nnz]``
+    indices (their union) and ``[nnz, 2]`` coefficients (x, y)."""
+    zeros_x, zeros_y = grad_x.values() * 0, grad_y.values() * 0
+    both = torch.sparse_coo_tensor(
+        torch.cat([grad_x.indices(), grad_y.indices()], dim=1),
+        torch.cat([torch.stack([grad_x.values(), zeros_x], dim=1),
+                   torch.stack([zeros_y, grad_y.values()], dim=1)]),
+        (*grad_x.shape, 2), check_invariants=True).coalesce()
+    return both.indices(), both.values()
 
 
 def compute_operators(data_list: list[Data], settings: dict[str, Any],
@@ -121,8 +137,10 @@ def compute_operators(data_list: list[Data], settings: dict[str, Any],
                       progress: bool = True, spectral_basis: int = 0) -> None:
     """Attach ``hks``, ``mass`` and ``x = hks`` to every mesh, and with
     ``spectral_basis = m > 0`` the first ``m`` eigenpairs (``evals``
-    ``[1, m]``, ``evecs`` ``[V, m]``), computing the operators (or reading
-    them from the cache) in ``num_workers`` processes."""
+    ``[1, m]``, ``evecs`` ``[V, m]``), with ``settings['gradients']`` the
+    tangent gradients (``grad_index``, ``grad_weight``), computing the
+    operators (or reading them from the cache) in ``num_workers``
+    processes."""
     if not 0 <= spectral_basis <= settings['k']:
         raise ValueError(f"'spectral_basis' must be in [0, k={settings['k']}], "
                          f"got {spectral_basis}")
@@ -155,7 +173,8 @@ class MeshDataset(InMemoryDataset):
 
     Every mesh gets ``x = hks`` (heat kernel signatures of the normalised
     mesh from ``k`` eigenpairs) and ``mass``, and with ``spectral_basis``
-    the eigenpairs for spectral heat diffusion. Operators are cached per mesh
+    the eigenpairs for spectral heat diffusion, with ``gradients`` the
+    tangent gradient operators. Operators are cached per mesh
     in ``PROCESSED/operators/`` keyed by content, so re-processing (another
     split, a lost processed file) reads them back.
 
@@ -167,6 +186,10 @@ class MeshDataset(InMemoryDataset):
             ``[1, m]`` and ``evecs`` ``[V, m]`` (for
             :class:`~pyg_metric_attn.nn.HeatDiffusion`); :obj:`0` keeps
             none. (default: :obj:`0`)
+        gradients (bool): Keep each mesh's tangent gradient operators as
+            ``grad_index`` ``[2, nnz]`` and ``grad_weight`` ``[nnz, 2]``
+            (see :func:`~pyg_metric_attn.nn.vertex_gradients`).
+            (default: :obj:`False`)
         laplacian (str): ``'auto'``, ``'cotan'`` or ``'robust'``.
         num_workers (int): Processes computing operators. (default: :obj:`2`)
         processed_dir (str, optional): Where processed files go (default
@@ -175,14 +198,14 @@ class MeshDataset(InMemoryDataset):
             :class:`~torch_geometric.data.InMemoryDataset`.
     """
     def __init__(self, root: str, k: int = 128, hks_count: int = 16,
-                 spectral_basis: int = 0, laplacian: str = 'auto',
-                 num_workers: int = 2,
+                 spectral_basis: int = 0, gradients: bool = False,
+                 laplacian: str = 'auto', num_workers: int = 2,
                  processed_dir: str | None = None,
                  transform: Callable | None = None,
                  pre_transform: Callable | None = None,
                  pre_filter: Callable | None = None, force_reload: bool = False,
                  log: bool = True):
-        self.settings = dict(k=k, hks_count=hks_count, gradients=False,
+        self.settings = dict(k=k, hks_count=hks_count, gradients=gradients,
                              laplacian_method=laplacian)
         self.spectral_basis = spectral_basis
         self.num_workers = num_workers
@@ -204,7 +227,9 @@ class MeshDataset(InMemoryDataset):
     def settings_tag(self) -> str:
         s = self.settings
         tag = f"k{s['k']}_hks{s['hks_count']}_{s['laplacian_method']}"
-        return f'{tag}_basis{self.spectral_basis}' if self.spectral_basis else tag
+        if self.spectral_basis:
+            tag += f'_basis{self.spectral_basis}'
+        return f'{tag}_grad' if s['gradients'] else tag
 
     def raw_meshes(self) -> Iterable[dict[str, Any]]:
         raise NotImplementedError

@@ -3,6 +3,11 @@ from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
 from pyg_metric_attn.nn.models import IPN
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
+from pyg_metric_attn.nn.spatial_gradient import (
+    SpatialGradientFeatures,
+    vertex_gradients,
+)
 
 __all__ = ['HeatDiffusion', 'IPN', 'MeshSpectrum', 'MetricAttentionConv',
-           'MetricMultiheadAttention', 'ResidualTanhMLP']
+           'MetricMultiheadAttention', 'ResidualTanhMLP',
+           'SpatialGradientFeatures', 'vertex_gradients']

@@ -11,7 +11,9 @@ the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
 metric-attention with residual feed-forward blocks; its learning rate follows a
 cosine schedule to zero over the epochs unless ``former_cosine=False``; every
 block starts with a learned-time heat diffusion over the mesh, for which the
-meshes carry their ``k`` eigenpairs, unless ``former_diffusion=False``).
+meshes carry their ``k`` eigenpairs, unless ``former_diffusion=False``; with
+``former_gradients=True`` also DiffusionNet's spatial gradient features of the
+diffused channels, from tangent gradient operators the meshes then carry).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -67,7 +69,7 @@ class HumanSegTask(Task):
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
-        former_diffusion=True,
+        former_diffusion=True, former_gradients=False,
         # Data.
         root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
         synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
@@ -108,6 +110,7 @@ class HumanSegTask(Task):
             o = self.options
             common = dict(k=o['k'], hks_count=o['hks_count'],
                           spectral_basis=self.spectral_basis,
+                          gradients=self.gradients,
                           num_workers=o['num_workers'], log=self.progress)
             if o['root']:
                 train = HumanSegmentation(o['root'], 'train',
@@ -135,6 +138,13 @@ class HumanSegTask(Task):
         diffusion, else none."""
         return self.options['k'] if self.options['former_diffusion'] else 0
 
+    @property
+    def gradients(self) -> bool:
+        """Whether the meshes carry tangent gradient operators (for the
+        former's gradient features)."""
+        return bool(self.options['former_diffusion']
+                    and self.options['former_gradients'])
+
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex (rotated coordinates when augmenting)."""
         if self.options['features'] == 'hks':
@@ -156,7 +166,8 @@ class HumanSegTask(Task):
                                     dropout=o['former_dropout'],
                                     global_attention=o['former_global'],
                                     global_stride=o['former_global_stride'],
-                                    diffusion=o['former_diffusion'])
+                                    diffusion=o['former_diffusion'],
+                                    gradients=self.gradients)
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
@@ -175,9 +186,10 @@ class HumanSegTask(Task):
         """Per-vertex logits of a batch of meshes."""
         x = self.inputs(batch, augment)
         if isinstance(model, MetricMeshFormer):
-            spectrum = ({key: batch[key] for key in ('evecs', 'evals', 'mass')}
-                        if self.spectral_basis else {})
-            return model(x, batch.edge_index, batch.batch, **spectrum)
+            keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
+            keys += ('grad_index', 'grad_weight') if self.gradients else ()
+            return model(x, batch.edge_index, batch.batch,
+                         **{key: batch[key] for key in keys})
         return model(x, batch.edge_index)
 
     def evaluate(self, model: torch.nn.Module, meshes,
@@ -255,7 +267,8 @@ class HumanSegTask(Task):
         mesh = mesh_data(pos, face, name)
         compute_operators([mesh], dict(k=self.options['k'],
                                        hks_count=self.options['hks_count'],
-                                       gradients=False, laplacian_method='auto'),
+                                       gradients=self.gradients,
+                                       laplacian_method='auto'),
                           cache_dir=None, num_workers=1, progress=False,
                           spectral_basis=self.spectral_basis)
         return mesh

@@ -12,6 +12,10 @@ from torch_geometric.utils import to_dense_batch
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
+from pyg_metric_attn.nn.spatial_gradient import (
+    SpatialGradientFeatures,
+    vertex_gradients,
+)
 
 
 class MetricMeshFormerBlock(torch.nn.Module):
@@ -31,20 +35,29 @@ class MetricMeshFormerBlock(torch.nn.Module):
     ``Linear -> GELU -> Linear`` of width ``2 * channels``; the optional
     first step a :class:`HeatDiffusion` of every channel (learned times)
     followed by a linear map, the mesh's geometry at scales beyond the
-    edges.
+    edges. With ``gradients`` the linear map also reads the
+    :class:`SpatialGradientFeatures` of the diffused channels (DiffusionNet's
+    block), which see directions on the surface, not only distances.
     """
     def __init__(self, channels: int, heads: int, time_scale: float,
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
-                 global_stride: int = 1, diffusion: bool = False):
+                 global_stride: int = 1, diffusion: bool = False,
+                 gradients: bool = False):
         super().__init__()
         self.global_stride = global_stride
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
                              f"'heads' ({heads})")
+        if gradients and not diffusion:
+            raise ValueError("'gradients' takes the gradients of the diffused "
+                             "features: it needs 'diffusion=True'")
         self.norm_diffusion = LayerNorm(channels) if diffusion else None
         self.diffusion = HeatDiffusion(channels) if diffusion else None
-        self.lin_diffusion = Linear(channels, channels) if diffusion else None
+        self.gradient_features = (SpatialGradientFeatures(channels)
+                                  if gradients else None)
+        self.lin_diffusion = (Linear((2 if gradients else 1) * channels, channels)
+                              if diffusion else None)
         self.norm_local = LayerNorm(channels)
         self.local = MetricAttentionConv(
             channels, channels // heads, heads=heads, metric=metric,
@@ -59,13 +72,23 @@ class MetricMeshFormerBlock(torch.nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
-                spectrum: MeshSpectrum | None = None) -> Tensor:
+                spectrum: MeshSpectrum | None = None,
+                gradient: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``gradient``: the meshes' ``(grad_index, grad_weight)`` (see
+        :func:`vertex_gradients`), needed with ``gradients``."""
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
                                  "spectrum (evecs, evals, mass): load them "
                                  "with 'spectral_basis' > 0")
             diffused = self.diffusion.diffuse(self.norm_diffusion(h), spectrum)
+            if self.gradient_features is not None:
+                if gradient is None:
+                    raise ValueError("A block with gradients needs the meshes' "
+                                     "'grad_index' and 'grad_weight': load "
+                                     "them with 'gradients=True'")
+                diffused = torch.cat([diffused, self.gradient_features(
+                    vertex_gradients(diffused, *gradient))], dim=-1)
             h = h + self.dropout(self.lin_diffusion(diffused))
         h = h + self.dropout(self.local(self.norm_local(h), edge_index))
         if self.global_attention is not None:
@@ -115,13 +138,16 @@ class MetricMeshFormer(torch.nn.Module):
         diffusion (bool): Start every block with a learned-time
             :class:`HeatDiffusion`; :meth:`forward` then needs the meshes'
             ``evecs``, ``evals`` and ``mass``. (default: :obj:`False`)
+        gradients (bool): Add spatial gradient features of the diffused
+            channels (needs ``diffusion``); :meth:`forward` then needs the
+            meshes' ``grad_index`` and ``grad_weight``. (default: :obj:`False`)
     """
     def __init__(self, in_channels: int, hidden_channels: int = 128,
                  out_channels: int = 8, num_layers: int = 4, heads: int = 4,
                  time_scale: float | None = None, learn_time_scale: bool = True,
                  dropout: float = 0.0, global_attention: bool = True,
                  metric: str = 'metric', global_stride: int = 1,
-                 diffusion: bool = False):
+                 diffusion: bool = False, gradients: bool = False):
         super().__init__()
         if time_scale is None:
             time_scale = 2.0 * hidden_channels / heads
@@ -129,7 +155,7 @@ class MetricMeshFormer(torch.nn.Module):
         self.blocks = torch.nn.ModuleList([
             MetricMeshFormerBlock(hidden_channels, heads, time_scale,
                                   learn_time_scale, dropout, global_attention,
-                                  metric, global_stride, diffusion)
+                                  metric, global_stride, diffusion, gradients)
             for _ in range(num_layers)
         ])
         self.norm_out = LayerNorm(hidden_channels)
@@ -137,11 +163,15 @@ class MetricMeshFormer(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
                 evecs: OptTensor = None, evals: OptTensor = None,
-                mass: OptTensor = None) -> Tensor:
+                mass: OptTensor = None, grad_index: OptTensor = None,
+                grad_weight: OptTensor = None) -> Tensor:
         spectrum = None  # prepared once, shared by every block's diffusion
         if evecs is not None and evals is not None and mass is not None:
             spectrum = MeshSpectrum.from_batch(evecs, evals, mass, batch)
+        gradient = None
+        if grad_index is not None and grad_weight is not None:
+            gradient = (grad_index, grad_weight)
         h = self.lin_in(x)
         for block in self.blocks:
-            h = block(h, edge_index, batch, spectrum)
+            h = block(h, edge_index, batch, spectrum, gradient)
         return self.lin_out(self.norm_out(h))

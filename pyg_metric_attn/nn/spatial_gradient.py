@@ -1,0 +1,78 @@
+r"""Tangent-plane gradients of vertex features and DiffusionNet's rotation
+invariant features built from them."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import Linear
+
+
+def vertex_gradients(h: Tensor, grad_index: Tensor, grad_weight: Tensor) -> Tensor:
+    r"""Gradient of every feature channel in each vertex's tangent frame,
+
+    .. math::
+        g_{i,a,c} = \sum_j G^{(a)}_{ij} \, h_{j,c}, \qquad a \in \{x, y\},
+
+    with the sparse operators :math:`G^{(x)}, G^{(y)}` stored as one list of
+    nonzeros: ``grad_index`` ``[2, nnz]`` (rows, columns) and ``grad_weight``
+    ``[nnz, 2]`` (the :math:`x` and :math:`y` coefficients), as the mesh data
+    sets keep them with ``gradients=True`` (batched meshes: block diagonal).
+    Returns ``[N, 2, C]``.
+    """
+    if h.dim() != 2:
+        raise ValueError(f"'h' must have shape [N, C], got {list(h.shape)}")
+    if grad_index.dim() != 2 or grad_index.size(0) != 2:
+        raise ValueError(f"'grad_index' must have shape [2, nnz], got "
+                         f"{list(grad_index.shape)}")
+    if grad_weight.shape != (grad_index.size(1), 2):
+        raise ValueError(f"'grad_weight' must have shape [{grad_index.size(1)}, "
+                         f"2], got {list(grad_weight.shape)}")
+    if grad_index.numel() and int(grad_index.max()) >= h.size(0):
+        raise IndexError(f"'grad_index' refers to vertex {int(grad_index.max())} "
+                         f"but 'h' has {h.size(0)} rows")
+    row, col = grad_index
+    terms = grad_weight.to(h.dtype)[:, :, None] * h[col][:, None, :]
+    return h.new_zeros(h.size(0), 2, h.size(1)).index_add_(0, row, terms)
+
+
+class SpatialGradientFeatures(torch.nn.Module):
+    r"""Rotation-invariant features of tangent gradients (Sharp et al. 2022),
+
+    .. math::
+        \mathbf{f}_i = \tanh\left(\mathrm{Re}\left(\overline{\mathbf{g}_i}
+        \odot A \mathbf{g}_i\right)\right),
+
+    where :math:`\mathbf{g}_i = g_{i,x} + \mathrm{i}\, g_{i,y} \in
+    \mathbb{C}^C` are the channels' gradients at vertex :math:`i` as complex
+    numbers and :math:`A = A_{re} + \mathrm{i}\, A_{im}` a learned complex
+    :math:`C \times C` matrix. Rotating a vertex's tangent frame multiplies
+    :math:`\mathbf{g}_i` by a unit complex number, which cancels: the features
+    do not depend on the arbitrary frame, yet see the directions of the
+    gradients relative to each other.
+
+    Args:
+        channels (int): Feature channels :math:`C`.
+    """
+    def __init__(self, channels: int):
+        super().__init__()
+        self.channels = channels
+        self.real = Linear(channels, channels, bias=False)
+        self.imag = Linear(channels, channels, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.real.reset_parameters()
+        self.imag.reset_parameters()
+
+    def forward(self, gradients: Tensor) -> Tensor:
+        """``gradients`` ``[N, 2, C]`` (:func:`vertex_gradients`) to
+        ``[N, C]``."""
+        if gradients.dim() != 3 or gradients.shape[1:] != (2, self.channels):
+            raise ValueError(f"'gradients' must have shape [N, 2, "
+                             f"{self.channels}], got {list(gradients.shape)}")
+        gx, gy = gradients.unbind(1)
+        ax = self.real(gx) - self.imag(gy)
+        ay = self.real(gy) + self.imag(gx)
+        return torch.tanh(gx * ax + gy * ay)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.channels})'
