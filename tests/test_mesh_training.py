@@ -175,3 +175,21 @@ def test_human_seg_task_is_registered():
         HumanSegTask(hiden=3)
     task = HumanSegTask(val_fraction=0.25)
     assert task.final_metric == 'val_face_acc'
+
+
+def test_validation_by_source_holds_out_whole_sources(synthetic_root):
+    train = SyntheticHumans(str(synthetic_root), 'train', 4, num_workers=1, k=32,
+                            log=False)
+    names = [data.name for data in train]
+    held_out = names[1]
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        val_source=held_out, **SMALL)
+    fit_on, validate_on = task.datasets()
+    assert [d.name for d in validate_on] == [held_out]
+    assert [d.name for d in fit_on] == [n for n in names if n != held_out]
+    assert task.final_metric == 'val_face_acc'
+    with pytest.raises(ValueError, match="sources here: \\['synthetic_0_0_0000'"):
+        HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                     val_source='faust', **SMALL).datasets()
+    with pytest.raises(ValueError, match="not both"):
+        HumanSegTask(val_fraction=0.2, val_source='adobe')

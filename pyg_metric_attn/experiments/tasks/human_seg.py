@@ -22,7 +22,10 @@ Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 coordinates with a uniformly random rotation of every training mesh
 (``features='xyz'``). With ``val_fraction > 0`` a seeded share of the
 training meshes is held out and evaluated instead of the test set (for tuning
-without the test set). Otherwise the test set is evaluated after every epoch
+without the test set); with ``val_source=PREFIX`` the training meshes whose
+names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
+benchmark, so that validation sees people the training did not, as the test
+set does). Otherwise the test set is evaluated after every epoch
 and the last epoch is reported (no model selection on the test set).
 """
 from __future__ import annotations
@@ -65,7 +68,7 @@ class HumanSegTask(Task):
         # metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map
         # of the vertex's own features added (TransformerConv's root weight).
         value=False, residual=False,
-        features='hks', val_fraction=0.0, data_seed=0,
+        features='hks', val_fraction=0.0, val_source=None, data_seed=0,
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
@@ -82,7 +85,10 @@ class HumanSegTask(Task):
         if options['features'] not in ('hks', 'xyz'):
             raise ValueError(f"'features' must be 'hks' or 'xyz', got "
                              f"'{options['features']}'")
-        self.eval_split = 'val' if options['val_fraction'] > 0 else 'test'
+        if options['val_fraction'] > 0 and options['val_source']:
+            raise ValueError("Set 'val_fraction' or 'val_source', not both")
+        self.eval_split = ('val' if options['val_fraction'] > 0
+                           or options['val_source'] else 'test')
         self.final_metric = f'{self.eval_split}_face_acc'
         self.curve_metrics = ('train_loss', self.final_metric)
         self._data = None
@@ -124,7 +130,9 @@ class HumanSegTask(Task):
                                         o['synthetic_train'], **common)
                 test = SyntheticHumans(o['synthetic_root'], 'test',
                                        o['synthetic_test'], **common)
-            if self.eval_split == 'val':
+            if o['val_source']:
+                train, test = _split_by_source(train, o['val_source'])
+            elif self.eval_split == 'val':
                 generator = torch.Generator().manual_seed(o['data_seed'])
                 order = torch.randperm(len(train), generator=generator)
                 num_val = max(1, round(o['val_fraction'] * len(train)))
@@ -287,3 +295,15 @@ class HumanSegTask(Task):
                              BODY_PARTS)
         write_segmented_ply(out_dir / 'prediction.ply', pos, face,
                             label_colors(predicted))
+
+
+def _split_by_source(meshes, prefix: str) -> tuple[Any, Any]:
+    """``(meshes whose name does not start with prefix, those that do)``."""
+    held_out = torch.tensor([data.name.startswith(prefix) for data in meshes],
+                            dtype=torch.bool)
+    if not held_out.any() or held_out.all():
+        sources = sorted({data.name.split('__')[0] for data in meshes})
+        raise ValueError(f"'val_source={prefix}' must name some but not all "
+                         f"training meshes (name prefixes; sources here: "
+                         f"{sources})")
+    return meshes[~held_out], meshes[held_out]
