@@ -11,9 +11,10 @@ the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
 metric-attention with residual feed-forward blocks; its learning rate follows a
 cosine schedule to zero over the epochs unless ``former_cosine=False``; every
 block starts with a learned-time heat diffusion over the mesh, for which the
-meshes carry their ``k`` eigenpairs, unless ``former_diffusion=False``; with
-``former_gradients=True`` also DiffusionNet's spatial gradient features of the
-diffused channels, from tangent gradient operators the meshes then carry).
+meshes carry their ``k`` eigenpairs, unless ``former_diffusion=False``; and
+DiffusionNet's spatial gradient features of the diffused channels, from
+tangent gradient operators the meshes carry, unless
+``former_gradients=False``).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -72,7 +73,7 @@ class HumanSegTask(Task):
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
-        former_diffusion=True, former_gradients=False,
+        former_diffusion=True, former_gradients=True,
         # Data.
         root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
         synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
