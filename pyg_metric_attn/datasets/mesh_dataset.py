@@ -123,11 +123,11 @@ def _gradient_coefficients(grad_x: torch.Tensor, grad_y: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sparse ``[V, V]`` operators as one list of nonzeros: ``[2, nnz]``
     indices (their union) and ``[nnz, 2]`` coefficients (x, y)."""
-    zeros_x, zeros_y = grad_x.values() * 0, grad_y.values() * 0
+    x, y = grad_x.values(), grad_y.values()
     both = torch.sparse_coo_tensor(
         torch.cat([grad_x.indices(), grad_y.indices()], dim=1),
-        torch.cat([torch.stack([grad_x.values(), zeros_x], dim=1),
-                   torch.stack([zeros_y, grad_y.values()], dim=1)]),
+        torch.cat([torch.stack([x, torch.zeros_like(x)], dim=1),
+                   torch.stack([torch.zeros_like(y), y], dim=1)]),
         (*grad_x.shape, 2), check_invariants=True).coalesce()
     return both.indices(), both.values()
 

@@ -5,9 +5,10 @@ from pyg_metric_attn.nn.models import IPN
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
+    TangentGradient,
     vertex_gradients,
 )
 
 __all__ = ['HeatDiffusion', 'IPN', 'MeshSpectrum', 'MetricAttentionConv',
            'MetricMultiheadAttention', 'ResidualTanhMLP',
-           'SpatialGradientFeatures', 'vertex_gradients']
+           'SpatialGradientFeatures', 'TangentGradient', 'vertex_gradients']

@@ -2,9 +2,49 @@ r"""Tangent-plane gradients of vertex features and DiffusionNet's rotation
 invariant features built from them."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 from torch.nn import Linear
+
+
+class TangentGradient(NamedTuple):
+    r"""The tangent gradient operators of a batch of meshes, checked once so
+    that every block of a network applies them without checking again.
+
+    :math:`G^{(x)}, G^{(y)}` are stored as one list of nonzeros: ``index``
+    ``[2, nnz]`` (rows, columns) and ``weight`` ``[nnz, 2]`` (the :math:`x`
+    and :math:`y` coefficients), as the mesh data sets keep them with
+    ``gradients=True`` (``grad_index``, ``grad_weight``; batched meshes:
+    block diagonal).
+    """
+    index: Tensor  #: ``[2, nnz]``
+    weight: Tensor  #: ``[nnz, 2]``
+
+    @classmethod
+    def from_batch(cls, grad_index: Tensor, grad_weight: Tensor,
+                   num_nodes: int) -> TangentGradient:
+        """Checks the shapes and that every index is below ``num_nodes``."""
+        if grad_index.dim() != 2 or grad_index.size(0) != 2:
+            raise ValueError(f"'grad_index' must have shape [2, nnz], got "
+                             f"{list(grad_index.shape)}")
+        if grad_weight.shape != (grad_index.size(1), 2):
+            raise ValueError(f"'grad_weight' must have shape "
+                             f"[{grad_index.size(1)}, 2], got "
+                             f"{list(grad_weight.shape)}")
+        if grad_index.numel() and int(grad_index.max()) >= num_nodes:
+            raise IndexError(f"'grad_index' refers to vertex "
+                             f"{int(grad_index.max())} but there are "
+                             f"{num_nodes} rows")
+        return cls(grad_index, grad_weight)
+
+    def apply(self, h: Tensor) -> Tensor:
+        r""":math:`g_{i,a,c} = \sum_j G^{(a)}_{ij} h_{j,c}`: ``[N, C]`` to
+        ``[N, 2, C]``."""
+        row, col = self.index
+        terms = self.weight.to(h.dtype)[:, :, None] * h[col][:, None, :]
+        return h.new_zeros(h.size(0), 2, h.size(1)).index_add_(0, row, terms)
 
 
 def vertex_gradients(h: Tensor, grad_index: Tensor, grad_weight: Tensor) -> Tensor:
@@ -13,26 +53,13 @@ def vertex_gradients(h: Tensor, grad_index: Tensor, grad_weight: Tensor) -> Tens
     .. math::
         g_{i,a,c} = \sum_j G^{(a)}_{ij} \, h_{j,c}, \qquad a \in \{x, y\},
 
-    with the sparse operators :math:`G^{(x)}, G^{(y)}` stored as one list of
-    nonzeros: ``grad_index`` ``[2, nnz]`` (rows, columns) and ``grad_weight``
-    ``[nnz, 2]`` (the :math:`x` and :math:`y` coefficients), as the mesh data
-    sets keep them with ``gradients=True`` (batched meshes: block diagonal).
-    Returns ``[N, 2, C]``.
+    with the operators as :class:`TangentGradient` stores them. Returns
+    ``[N, 2, C]``.
     """
     if h.dim() != 2:
         raise ValueError(f"'h' must have shape [N, C], got {list(h.shape)}")
-    if grad_index.dim() != 2 or grad_index.size(0) != 2:
-        raise ValueError(f"'grad_index' must have shape [2, nnz], got "
-                         f"{list(grad_index.shape)}")
-    if grad_weight.shape != (grad_index.size(1), 2):
-        raise ValueError(f"'grad_weight' must have shape [{grad_index.size(1)}, "
-                         f"2], got {list(grad_weight.shape)}")
-    if grad_index.numel() and int(grad_index.max()) >= h.size(0):
-        raise IndexError(f"'grad_index' refers to vertex {int(grad_index.max())} "
-                         f"but 'h' has {h.size(0)} rows")
-    row, col = grad_index
-    terms = grad_weight.to(h.dtype)[:, :, None] * h[col][:, None, :]
-    return h.new_zeros(h.size(0), 2, h.size(1)).index_add_(0, row, terms)
+    return TangentGradient.from_batch(grad_index, grad_weight,
+                                      h.size(0)).apply(h)
 
 
 class SpatialGradientFeatures(torch.nn.Module):

@@ -14,7 +14,7 @@ from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
 from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
-    vertex_gradients,
+    TangentGradient,
 )
 
 
@@ -73,9 +73,9 @@ class MetricMeshFormerBlock(torch.nn.Module):
 
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
                 spectrum: MeshSpectrum | None = None,
-                gradient: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """``gradient``: the meshes' ``(grad_index, grad_weight)`` (see
-        :func:`vertex_gradients`), needed with ``gradients``."""
+                gradient: TangentGradient | None = None) -> Tensor:
+        """``gradient``: the meshes' tangent gradient operators, needed with
+        ``gradients``."""
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
@@ -88,7 +88,7 @@ class MetricMeshFormerBlock(torch.nn.Module):
                                      "'grad_index' and 'grad_weight': load "
                                      "them with 'gradients=True'")
                 diffused = torch.cat([diffused, self.gradient_features(
-                    vertex_gradients(diffused, *gradient))], dim=-1)
+                    gradient.apply(diffused))], dim=-1)
             h = h + self.dropout(self.lin_diffusion(diffused))
         h = h + self.dropout(self.local(self.norm_local(h), edge_index))
         if self.global_attention is not None:
@@ -168,9 +168,10 @@ class MetricMeshFormer(torch.nn.Module):
         spectrum = None  # prepared once, shared by every block's diffusion
         if evecs is not None and evals is not None and mass is not None:
             spectrum = MeshSpectrum.from_batch(evecs, evals, mass, batch)
-        gradient = None
+        gradient = None  # checked once, shared by every block
         if grad_index is not None and grad_weight is not None:
-            gradient = (grad_index, grad_weight)
+            gradient = TangentGradient.from_batch(grad_index, grad_weight,
+                                                  x.size(0))
         h = self.lin_in(x)
         for block in self.blocks:
             h = block(h, edge_index, batch, spectrum, gradient)
