@@ -17,6 +17,7 @@ from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.nn.models import MetricMeshFormer
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.transforms import rescaled_heat_kernel_signatures
 from pyg_metric_attn.visualization import label_colors
 
 SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
@@ -136,6 +137,31 @@ def test_xyz_inputs_are_rotated_for_training(synthetic_root):
     assert not torch.allclose(rotated, batch.pos)
     # A rotation per mesh: norms are kept.
     torch.testing.assert_close(rotated.norm(dim=1), batch.pos.norm(dim=1))
+
+
+def test_hks_time_jitter_rescales_training_inputs_only(synthetic_root):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        hks_time_jitter=2.0, **SMALL)
+    batch = Batch.from_data_list(list(task.datasets()[0][:2]))
+    assert torch.equal(task.inputs(batch), batch.hks)
+    torch.manual_seed(0)
+    jittered = task.inputs(batch, augment=True)
+    assert jittered.shape == batch.hks.shape
+    # One factor per mesh in [1/2, 2]: the HKS between those at t/2 and 2t.
+    for mesh in range(2):
+        rows = batch.batch == mesh
+        low, high = (rescaled_heat_kernel_signatures(
+            batch.evals[mesh:mesh + 1], batch.evecs[rows],
+            torch.zeros(int(rows.sum()), dtype=torch.long),
+            torch.tensor([factor])) for factor in (2.0, 0.5))
+        assert (jittered[rows] >= low - 1e-4).all()
+        assert (jittered[rows] <= high + 1e-4).all()
+        assert not torch.allclose(jittered[rows], batch.hks[rows])
+    with pytest.raises(ValueError, match='needs features=.hks. and '
+                       'former_diffusion=True'):
+        HumanSegTask(hks_time_jitter=2.0, former_diffusion=False, **SMALL)
+    with pytest.raises(ValueError, match='at least 1'):
+        HumanSegTask(hks_time_jitter=0.5, **SMALL)
 
 
 def test_train_resume_evaluate_predict_commands(synthetic_root, tmp_path, capsys):

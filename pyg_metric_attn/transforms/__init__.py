@@ -4,6 +4,8 @@ from pyg_metric_attn.transforms.mesh import (
     NormalizeMesh,
     RandomRotation,
     random_rotation,
+    rescaled_heat_kernel_signatures,
 )
 
-__all__ = ['MeshOperators', 'NormalizeMesh', 'RandomRotation', 'random_rotation']
+__all__ = ['MeshOperators', 'NormalizeMesh', 'RandomRotation', 'random_rotation',
+           'rescaled_heat_kernel_signatures']

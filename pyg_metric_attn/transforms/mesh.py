@@ -11,6 +11,7 @@ from torch_geometric.transforms import BaseTransform
 from pyg_metric_attn.geometry.cache import OperatorCache
 from pyg_metric_attn.geometry.mesh import normalize_positions
 from pyg_metric_attn.geometry.operators import mesh_operators
+from pyg_metric_attn.geometry.spectral import hks_times
 
 
 class NormalizeMesh(BaseTransform):
@@ -87,3 +88,37 @@ def random_rotation(generator: torch.Generator | None = None) -> torch.Tensor:
     if torch.det(q) < 0:
         q[:, 0] = -q[:, 0]
     return q
+
+
+def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
+                                    batch: torch.Tensor, scale: torch.Tensor,
+                                    count: int = 16) -> torch.Tensor:
+    r"""Heat kernel signatures of a batch of meshes at diffusion times
+    stretched per mesh, :math:`h(v, t) = \sum_k e^{-\lambda_k s_b t}
+    \phi_k(v)^2` with :math:`t` the ``count`` times of
+    :func:`~pyg_metric_attn.geometry.hks_times` and :math:`s_b` the ``scale``
+    of the vertex's mesh :math:`b` (:math:`s_b = 1` gives the stored HKS).
+
+    Scaling a mesh by :math:`a` maps :math:`\lambda \to \lambda / a^2` and
+    the mass-normalised :math:`\phi^2 \to \phi^2 / a^2`, so these are
+    :math:`a^2` times the HKS of the mesh scaled by :math:`a = s^{-1/2}`:
+    random scales augment HKS inputs with size changes (e.g. other people's
+    proportions after normalisation) while keeping their range.
+
+    Args:
+        evals (torch.Tensor): Eigenvalues per mesh ``[B, K]``.
+        evecs (torch.Tensor): Mass-orthonormal eigenvectors ``[V, K]``.
+        batch (torch.Tensor): Mesh of every vertex ``[V]``.
+        scale (torch.Tensor): Positive time factor per mesh ``[B]``.
+        count (int, optional): Number of HKS times. (default: :obj:`16`)
+    """
+    if evals.dim() != 2 or evecs.dim() != 2 or evals.size(1) != evecs.size(1):
+        raise ValueError(f"Expected 'evals' [B, K] and 'evecs' [V, K], got "
+                         f"{tuple(evals.shape)} and {tuple(evecs.shape)}")
+    if scale.shape != (evals.size(0),) or not bool((scale > 0).all()):
+        raise ValueError(f"'scale' must hold one positive factor per mesh "
+                         f"({evals.size(0)}), got shape {tuple(scale.shape)}")
+    times = torch.from_numpy(hks_times(count)).to(evals.dtype)
+    decay = torch.exp(-(scale[:, None, None] * times[None, :, None])
+                      * evals[:, None, :])  # [B, S, K]
+    return torch.einsum('vk,vsk->vs', evecs.square(), decay[batch])

@@ -21,16 +21,20 @@ Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.SyntheticHumans` (offline). Inputs are the
 16 heat kernel signatures per vertex (``features='hks'``) or the normalised
 coordinates with a uniformly random rotation of every training mesh
-(``features='xyz'``). With ``val_fraction > 0`` a seeded share of the
-training meshes is held out and evaluated instead of the test set (for tuning
-without the test set); with ``val_source=PREFIX`` the training meshes whose
-names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
-benchmark, so that validation sees people the training did not, as the test
-set does). Otherwise the test set is evaluated after every epoch
-and the last epoch is reported (no model selection on the test set).
+(``features='xyz'``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
+are recomputed each step at diffusion times stretched by a factor drawn log-
+uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
+eigenpairs the former's diffusion carries). With ``val_fraction > 0`` a seeded
+share of the training meshes is held out and evaluated instead of the test set
+(for tuning without the test set); with ``val_source=PREFIX`` the training
+meshes whose names start with ``PREFIX`` are (e.g. ``adobe``: a whole source
+of the benchmark, so that validation sees people the training did not, as the
+test set does). Otherwise the test set is evaluated after every epoch and the
+last epoch is reported (no model selection on the test set).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +49,10 @@ from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models import ATTENTIONS, IPN, MetricMeshFormer
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
-from pyg_metric_attn.transforms import random_rotation
+from pyg_metric_attn.transforms import (
+    random_rotation,
+    rescaled_heat_kernel_signatures,
+)
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 STRONG_MODEL = 'metricformer'
@@ -69,7 +76,8 @@ class HumanSegTask(Task):
         # metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map
         # of the vertex's own features added (TransformerConv's root weight).
         value=False, residual=False,
-        features='hks', val_fraction=0.0, val_source=None, data_seed=0,
+        features='hks', hks_time_jitter=1.0, val_fraction=0.0, val_source=None,
+        data_seed=0,
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
@@ -88,6 +96,14 @@ class HumanSegTask(Task):
                              f"'{options['features']}'")
         if options['val_fraction'] > 0 and options['val_source']:
             raise ValueError("Set 'val_fraction' or 'val_source', not both")
+        if options['hks_time_jitter'] < 1:
+            raise ValueError(f"'hks_time_jitter' must be at least 1, got "
+                             f"{options['hks_time_jitter']}")
+        if options['hks_time_jitter'] > 1 and not (
+                options['features'] == 'hks' and self.spectral_basis):
+            raise ValueError("'hks_time_jitter' recomputes HKS from the "
+                             "meshes' eigenpairs: it needs features='hks' and "
+                             "former_diffusion=True")
         self.eval_split = ('val' if options['val_fraction'] > 0
                            or options['val_source'] else 'test')
         self.final_metric = f'{self.eval_split}_face_acc'
@@ -157,7 +173,13 @@ class HumanSegTask(Task):
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex (rotated coordinates when augmenting)."""
         if self.options['features'] == 'hks':
-            return batch.hks
+            jitter = self.options['hks_time_jitter']
+            if not augment or jitter == 1:
+                return batch.hks
+            log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(jitter)
+            return rescaled_heat_kernel_signatures(
+                batch.evals, batch.evecs, batch.batch,
+                log_scale.exp().to(batch.evals.dtype), batch.hks.size(1))
         if not augment:
             return batch.pos
         rotations = torch.stack([random_rotation() for _ in
