@@ -22,8 +22,8 @@ Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 16 heat kernel signatures per vertex (``features='hks'``) or the normalised
 coordinates with a uniformly random rotation of every training mesh
 (``features='xyz'``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
-are recomputed each step at diffusion times stretched by a factor drawn log-
-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
+are recomputed each step at diffusion times stretched by a factor drawn
+log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
 eigenpairs the former's diffusion carries). With ``val_fraction > 0`` a seeded
 share of the training meshes is held out and evaluated instead of the test set
 (for tuning without the test set); with ``val_source=PREFIX`` the training
@@ -171,7 +171,8 @@ class HumanSegTask(Task):
                     and self.options['former_gradients'])
 
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
-        """The model input per vertex (rotated coordinates when augmenting)."""
+        """The model input per vertex; when augmenting, coordinates are
+        rotated and HKS rescaled in time (``hks_time_jitter``)."""
         if self.options['features'] == 'hks':
             jitter = self.options['hks_time_jitter']
             if not augment or jitter == 1:
