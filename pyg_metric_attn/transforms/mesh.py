@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
+from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.geometry.cache import OperatorCache
 from pyg_metric_attn.geometry.mesh import normalize_positions
@@ -108,7 +109,7 @@ def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
     Args:
         evals (torch.Tensor): Eigenvalues per mesh ``[B, K]``.
         evecs (torch.Tensor): Mass-orthonormal eigenvectors ``[V, K]``.
-        batch (torch.Tensor): Mesh of every vertex ``[V]``.
+        batch (torch.Tensor): Mesh of every vertex ``[V]`` (sorted).
         scale (torch.Tensor): Positive time factor per mesh ``[B]``.
         count (int, optional): Number of HKS times. (default: :obj:`16`)
     """
@@ -121,4 +122,6 @@ def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
     times = torch.from_numpy(hks_times(count)).to(evals.dtype)
     decay = torch.exp(-(scale[:, None, None] * times[None, :, None])
                       * evals[:, None, :])  # [B, S, K]
-    return torch.einsum('vk,vsk->vs', evecs.square(), decay[batch])
+    squared, mask = to_dense_batch(evecs.square(), batch,
+                                   batch_size=evals.size(0))  # [B, V, K]
+    return (squared @ decay.transpose(1, 2))[mask]
