@@ -164,6 +164,27 @@ def test_hks_time_jitter_rescales_training_inputs_only(synthetic_root):
         HumanSegTask(hks_time_jitter=0.5, **SMALL)
 
 
+def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root):
+    meshes = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                          **SMALL).datasets()[0]
+    batch = Batch.from_data_list(list(meshes[:2]))
+    losses = {}
+    for smoothing in (0.0, 0.3):
+        task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                            label_smoothing=smoothing, **SMALL)
+        torch.manual_seed(0)
+        model = task.build_model('metric').eval()
+        losses[smoothing] = task.training_loss(model, batch)
+    log_p = face_logits(model(batch.hks, batch.edge_index),
+                        batch.face).double().log_softmax(-1)
+    label = -log_p.gather(1, batch.y[:, None]).mean()
+    uniform = -log_p.mean()
+    torch.testing.assert_close(losses[0.0].double(), label)
+    torch.testing.assert_close(losses[0.3].double(), 0.7 * label + 0.3 * uniform)
+    with pytest.raises(ValueError, match='label_smoothing'):
+        HumanSegTask(label_smoothing=1.0, **SMALL)
+
+
 def test_train_resume_evaluate_predict_commands(synthetic_root, tmp_path, capsys):
     options = ['-o', f'synthetic_root={synthetic_root}'] + [
         arg for key, value in SMALL.items() for arg in ('-o', f'{key}={value}')]

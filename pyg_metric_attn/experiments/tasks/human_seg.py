@@ -24,7 +24,9 @@ coordinates with a uniformly random rotation of every training mesh
 (``features='xyz'``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
 are recomputed each step at diffusion times stretched by a factor drawn
 log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
-eigenpairs the former's diffusion carries). With ``val_fraction > 0`` a seeded
+eigenpairs the former's diffusion carries). ``label_smoothing`` > 0 smooths
+the training targets (:meth:`HumanSegTask.training_loss`; evaluation losses
+stay plain cross entropy). With ``val_fraction > 0`` a seeded
 share of the training meshes is held out and evaluated instead of the test set
 (for tuning without the test set); with ``val_source=PREFIX`` the training
 meshes whose names start with ``PREFIX`` are (e.g. ``adobe``: a whole source
@@ -76,7 +78,8 @@ class HumanSegTask(Task):
         # metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map
         # of the vertex's own features added (TransformerConv's root weight).
         value=False, residual=False,
-        features='hks', hks_time_jitter=1.0, val_fraction=0.0, val_source=None,
+        features='hks', hks_time_jitter=1.0, label_smoothing=0.0,
+        val_fraction=0.0, val_source=None,
         data_seed=0,
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
@@ -96,6 +99,9 @@ class HumanSegTask(Task):
                              f"'{options['features']}'")
         if options['val_fraction'] > 0 and options['val_source']:
             raise ValueError("Set 'val_fraction' or 'val_source', not both")
+        if not 0 <= options['label_smoothing'] < 1:
+            raise ValueError(f"'label_smoothing' must be in [0, 1), got "
+                             f"{options['label_smoothing']}")
         if options['hks_time_jitter'] < 1:
             raise ValueError(f"'hks_time_jitter' must be at least 1, got "
                              f"{options['hks_time_jitter']}")
@@ -240,6 +246,15 @@ class HumanSegTask(Task):
         return meter
 
     # Training --------------------------------------------------------------
+    def training_loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        r"""Cross entropy over the faces of augmented inputs; with
+        ``label_smoothing`` :math:`\varepsilon` each face's target puts
+        :math:`1 - \varepsilon` on its label and spreads :math:`\varepsilon`
+        evenly over all classes."""
+        logits = face_logits(self.forward(model, batch, augment=True), batch.face)
+        return F.cross_entropy(logits, batch.y,
+                               label_smoothing=self.options['label_smoothing'])
+
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
             resume: bool = False) -> tuple[torch.nn.Module, Trainer]:
         """Train one model with :class:`~pyg_metric_attn.training.Trainer`
@@ -260,15 +275,12 @@ class HumanSegTask(Task):
             return DataLoader(train, o['batch_size'], shuffle=True,
                               generator=generator)
 
-        def step(model: torch.nn.Module, batch) -> torch.Tensor:
-            logits = self.forward(model, batch, augment=True)
-            return F.cross_entropy(face_logits(logits, batch.face), batch.y)
-
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             return self.evaluate(model, evaluation).compute(f'{self.eval_split}_')
 
-        trainer = Trainer(model, optimizer, step, evaluate, scheduler=scheduler,
-                          out_dir=out_dir, progress=self.progress,
+        trainer = Trainer(model, optimizer, self.training_loss, evaluate,
+                          scheduler=scheduler, out_dir=out_dir,
+                          progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}')
         trainer.fit(batches, self.epochs, resume=resume)
         return model, trainer
