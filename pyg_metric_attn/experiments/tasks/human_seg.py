@@ -24,15 +24,15 @@ coordinates with a uniformly random rotation of every training mesh
 (``features='xyz'``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
 are recomputed each step at diffusion times stretched by a factor drawn
 log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
-eigenpairs the former's diffusion carries). ``label_smoothing`` > 0 smooths
+eigenpairs the former's diffusion carries). ``label_smoothing > 0`` smooths
 the training targets (:meth:`HumanSegTask.training_loss`; evaluation losses
-stay plain cross entropy). With ``val_fraction > 0`` a seeded
-share of the training meshes is held out and evaluated instead of the test set
-(for tuning without the test set); with ``val_source=PREFIX`` the training
-meshes whose names start with ``PREFIX`` are (e.g. ``adobe``: a whole source
-of the benchmark, so that validation sees people the training did not, as the
-test set does). Otherwise the test set is evaluated after every epoch and the
-last epoch is reported (no model selection on the test set).
+stay plain cross entropy). With ``val_fraction > 0`` a seeded share of the
+training meshes is held out and evaluated instead of the test set (for tuning
+without the test set); with ``val_source=PREFIX`` the training meshes whose
+names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
+benchmark, so that validation sees people the training did not, as the test
+set does). Otherwise the test set is evaluated after every epoch and the last
+epoch is reported (no model selection on the test set).
 """
 from __future__ import annotations
 
@@ -79,8 +79,7 @@ class HumanSegTask(Task):
         # of the vertex's own features added (TransformerConv's root weight).
         value=False, residual=False,
         features='hks', hks_time_jitter=1.0, label_smoothing=0.0,
-        val_fraction=0.0, val_source=None,
-        data_seed=0,
+        val_fraction=0.0, val_source=None, data_seed=0,
         # MetricMeshFormer ('metricformer').
         former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
         former_global=True, former_global_stride=8, former_cosine=True,
