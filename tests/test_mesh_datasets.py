@@ -21,6 +21,7 @@ from pyg_metric_attn.datasets import (
     majority_label,
 )
 from pyg_metric_attn.datasets.human_segmentation import MIT_POSES, SHREC_IDS
+from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
 from pyg_metric_attn.geometry import MeshError, edge_face_counts
 
@@ -270,3 +271,12 @@ def test_synthetic_humans_properties(tmp_path):
         again = SyntheticHumans(str(tmp_path / 'again'), 'train', num_meshes=1,
                                 seed=5, num_workers=1, k=32, log=False)
     assert torch.equal(again[0].pos, dataset[0].pos)  # mesh i depends on i only
+
+
+def test_stl_triangle_soup_is_merged_into_a_connected_mesh(tmp_path):
+    sphere = trimesh.creation.icosphere(subdivisions=3)  # 642 vertices
+    sphere.export(tmp_path / 'sphere.stl')
+    pos, face = read_mesh(tmp_path / 'sphere.stl')
+    assert pos.shape == (642, 3) and face.shape == (1280, 3)
+    # Same triangles in the same order (STL stores float32 corners).
+    np.testing.assert_allclose(pos[face], sphere.vertices[sphere.faces], atol=1e-6)
