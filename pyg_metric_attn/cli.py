@@ -1,9 +1,14 @@
-"""Command line: ``pyg-metric-attn COMMAND ...`` (or ``python -m pyg_metric_attn``)."""
+"""Command line: ``pyg-metric-attn COMMAND ...`` (or ``python -m pyg_metric_attn``).
+
+Errors the user can fix (a bad mesh, a missing run folder, an unknown option)
+are printed as one line; ``--debug`` shows the traceback instead.
+"""
 from __future__ import annotations
 
 import argparse
 import ast
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +70,10 @@ def _load_run(args: argparse.Namespace):
     from pyg_metric_attn.training import load_best_model
 
     run = Path(args.run)
+    if not (run / 'config.json').is_file():
+        raise FileNotFoundError(f"'{run}' is no run folder of train (no "
+                                f"config.json); give the --out folder of a "
+                                f"train command")
     config = json.loads((run / 'config.json').read_text())
     task = _segmentation_task({**config['options'], **_mesh_options(args)},
                               config['epochs'], progress=False)
@@ -113,26 +122,55 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_names(paths: Sequence[Path]) -> list[str]:
+    """Distinct output names of mesh files: the file's stem, with its
+    extension where stems repeat (``a.obj``, ``a.stl`` -> ``a-obj``,
+    ``a-stl``), then numbered where names still repeat."""
+    stems = Counter(path.stem for path in paths)
+    names: list[str] = []
+    for path in paths:
+        name = (path.stem if stems[path.stem] == 1
+                else f'{path.stem}-{path.suffix[1:].lower()}')
+        candidate, number = name, 1
+        while candidate in names:
+            number += 1
+            candidate = f'{name}-{number}'
+        names.append(candidate)
+    return names
+
+
 def _predict(args: argparse.Namespace) -> int:
     from pyg_metric_attn.datasets import BODY_PARTS
     from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
+    from pyg_metric_attn.geometry import MeshError
     from pyg_metric_attn.utils.io import atomic_write_text
     from pyg_metric_attn.visualization import label_colors, render_segmentations
 
     task, model, _ = _load_run(args)
     out = Path(args.out or Path(args.run) / 'predictions')
-    for path in map(Path, args.meshes):
-        pos, face = read_mesh(path)
-        mesh = task.prepare_mesh(pos, face, path.name)
+    paths = [Path(mesh) for mesh in args.meshes]
+    failed = 0
+    for path, name in zip(paths, _output_names(paths), strict=True):
+        try:
+            pos, face = read_mesh(path)
+            mesh = task.prepare_mesh(pos, face, path.name)
+        except MeshError as error:  # report it and go on with the others
+            if args.debug:
+                raise
+            print(f'error: {error}', file=sys.stderr)
+            failed += 1
+            continue
         labels = task.predict(model, mesh).numpy()
-        write_segmented_ply(out / f'{path.stem}.ply', pos, face,
-                            label_colors(labels))
-        atomic_write_text(out / f'{path.stem}.txt',
+        write_segmented_ply(out / f'{name}.ply', pos, face, label_colors(labels))
+        atomic_write_text(out / f'{name}.txt',
                           ''.join(f'{label}\n' for label in labels))
-        render_segmentations(out / f'{path.stem}.png', mesh.pos.numpy(), face,
+        render_segmentations(out / f'{name}.png', mesh.pos.numpy(), face,
                              [labels], [f'{path.name}: prediction'], BODY_PARTS)
-        print(f'{path} -> {out}/{path.stem}.{{ply,png,txt}}')
-    return 0
+        print(f'{path} -> {out}/{name}.{{ply,png,txt}}')
+    if failed:
+        print(f'error: {failed} of {len(paths)} meshes could not be segmented',
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _add_mesh_flags(parser: argparse.ArgumentParser) -> None:
@@ -144,22 +182,36 @@ def _add_mesh_flags(parser: argparse.ArgumentParser) -> None:
                         help='human_seg task option, e.g. -o lr=1e-3')
 
 
+def _add_global_flags(parser: argparse.ArgumentParser,
+                      suppress: bool = True) -> None:
+    """``--threads`` and ``--debug``, accepted before and after the command:
+    the command parsers' copies (``suppress``) set them only when given."""
+    parser.add_argument('--threads', type=int,
+                        default=argparse.SUPPRESS if suppress else None,
+                        help='torch CPU threads (default: torch decides)')
+    parser.add_argument('--debug', action='store_true',
+                        default=argparse.SUPPRESS if suppress else False,
+                        help='show the traceback of an error')
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pyg_metric_attn.experiments import TASKS
 
     parser = argparse.ArgumentParser(prog='pyg-metric-attn', description=__doc__)
-    parser.add_argument('--threads', type=int, default=None,
-                        help='torch CPU threads (default: torch decides)')
+    _add_global_flags(parser, suppress=False)
+    global_flags = argparse.ArgumentParser(add_help=False)
+    _add_global_flags(global_flags)
     commands = parser.add_subparsers(dest='command', required=True)
 
     exp = commands.add_parser(
-        'experiment', help='train every (attention, seed) pair of a task, then '
+        'experiment', parents=[global_flags],
+        help='train every (attention, seed) pair of a task, then '
         'write JSON logs, curves, a violin plot and a summary table')
     tasks = exp.add_subparsers(dest='name', required=True, metavar='NAME')
     for name in sorted(TASKS):
         task_cls = TASKS[name]
         summary = (task_cls.__doc__ or name).strip().splitlines()[0]
-        sub = tasks.add_parser(name, help=summary)
+        sub = tasks.add_parser(name, parents=[global_flags], help=summary)
         sub.add_argument('--attention', help='comma-separated attention types '
                          f"(default: {','.join(task_cls.default_attentions)})")
         sub.add_argument('--seeds', type=int, default=10, help='number of seeds')
@@ -177,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                          task_flags=[action.dest for action in group._group_actions])
 
     train = commands.add_parser(
-        'train', help='train one mesh segmentation model (human_seg task) with '
+        'train', parents=[global_flags],
+        help='train one mesh segmentation model (human_seg task) with '
         'checkpoints, metrics and a rendering in --out')
     train.add_argument('--attention', default='metric', help='metric, l2, dot, '
                        'gat, gatv2, transformer (IPN) or metricformer')
@@ -193,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_train)
 
     evaluate = commands.add_parser(
-        'evaluate', help='face, edge and soft edge accuracy, per-class accuracy '
+        'evaluate', parents=[global_flags],
+        help='face, edge and soft edge accuracy, per-class accuracy '
         'and confusion matrix of a trained run')
     evaluate.add_argument('run', help='run folder written by train')
     evaluate.add_argument('--split', choices=('test', 'train'), default='test')
@@ -201,10 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_evaluate)
 
     predict = commands.add_parser(
-        'predict', help='segment mesh files: a .ply with per-face colours, a '
+        'predict', parents=[global_flags],
+        help='segment mesh files: a .ply with per-face colours, a '
         'PNG rendering and the labels per face')
     predict.add_argument('run', help='run folder written by train')
-    predict.add_argument('meshes', nargs='+', help='.obj, .off or .ply files')
+    predict.add_argument('meshes', nargs='+', help='.obj, .off, .ply or .stl '
+                         'files (outputs are named by file stem)')
     predict.add_argument('--out', help='output folder (default: RUN/predictions)')
     _add_mesh_flags(predict)
     predict.set_defaults(func=_predict)
@@ -215,7 +271,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (OSError, ValueError, RuntimeError) as error:
+        # The library's own errors (MeshError is a ValueError, missing files,
+        # corrupt checkpoints, downloads) name the problem: one line is enough.
+        if args.debug:
+            raise
+        print(f'error: {error} (--debug shows the traceback)', file=sys.stderr)
+        return 1
 
 
 if __name__ == '__main__':

@@ -41,6 +41,21 @@ def synthetic_root(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope='module')
+def trained_run(synthetic_root, tmp_path_factory):
+    """A run folder of ``train`` (one epoch of the IPN on the tiny data)."""
+    run = tmp_path_factory.mktemp('trained') / 'run'
+    assert main(['train', '--epochs', '1', '--out', str(run), '--no-progress',
+                 *cli_options(synthetic_root)]) == 0
+    return run
+
+
+def cli_options(synthetic_root) -> list[str]:
+    """``-o`` flags of the tiny synthetic setting."""
+    return ['-o', f'synthetic_root={synthetic_root}'] + [
+        arg for key, value in SMALL.items() for arg in ('-o', f'{key}={value}')]
+
+
 def test_segmentation_meter_by_hand():
     # Two triangles sharing edge (1, 2); 3 classes; logits chosen per vertex.
     face = torch.tensor([[0, 1, 2], [1, 3, 2]]).t()
@@ -189,8 +204,7 @@ def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root)
 
 
 def test_train_resume_evaluate_predict_commands(synthetic_root, tmp_path, capsys):
-    options = ['-o', f'synthetic_root={synthetic_root}'] + [
-        arg for key, value in SMALL.items() for arg in ('-o', f'{key}={value}')]
+    options = cli_options(synthetic_root)
     run = tmp_path / 'run'
     assert main(['train', '--epochs', '2', '--out', str(run), '--no-progress',
                  *options]) == 0
@@ -243,3 +257,34 @@ def test_validation_by_source_holds_out_whole_sources(synthetic_root):
                      val_source='faust', **SMALL).datasets()
     with pytest.raises(ValueError, match="not both"):
         HumanSegTask(val_fraction=0.2, val_source='adobe')
+
+
+def test_predict_names_outputs_apart_and_goes_on_after_a_bad_mesh(
+        trained_run, tmp_path, capsys):
+    sphere = trimesh.creation.icosphere(subdivisions=3)
+    meshes = [tmp_path / 'a.obj', tmp_path / 'bad.obj', tmp_path / 'a.stl']
+    sphere.export(meshes[0])
+    meshes[1].write_text('v 0 0 0\n')  # no faces
+    sphere.export(meshes[2])
+    out = tmp_path / 'out'
+    assert main(['predict', str(trained_run), *map(str, meshes),
+                 '--out', str(out)]) == 1
+    err = capsys.readouterr().err
+    assert 'bad.obj: has no triangle faces' in err and 'Traceback' not in err
+    labels = {ext: np.loadtxt(out / f'a-{ext}.txt', dtype=int)
+              for ext in ('obj', 'stl')}
+    assert labels['obj'].shape == labels['stl'].shape == (len(sphere.faces),)
+    # The .stl is read as the same connected sphere, not a triangle soup.
+    assert (labels['obj'] == labels['stl']).mean() > 0.95
+    assert sorted(path.name for path in out.iterdir()) == [
+        f'a-{ext}.{kind}' for ext in ('obj', 'stl') for kind in ('ply', 'png', 'txt')]
+
+
+def test_cli_errors_are_one_line_unless_debug(tmp_path, capsys):
+    missing = tmp_path / 'no-run'
+    assert main(['evaluate', str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'Traceback' not in err
+    assert f"'{missing}' is no run folder of train (no config.json)" in err
+    with pytest.raises(FileNotFoundError, match='no config.json'):
+        main(['evaluate', str(missing), '--debug'])
