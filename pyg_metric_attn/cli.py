@@ -85,16 +85,18 @@ def _load_run(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pyg_metric_attn.utils.io import atomic_write_json
+    from pyg_metric_attn.utils.io import atomic_write_json, locked_folder
 
     options = _mesh_options(args)
     task = _segmentation_task(options, args.epochs, not args.no_progress)
     out = Path(args.out or Path('runs') / 'train' / f'{args.attention}-seed{args.seed}')
-    atomic_write_json(out / 'config.json', {
-        'attention': args.attention, 'seed': args.seed, 'epochs': task.epochs,
-        'options': {k: v for k, v in options.items() if k != 'artifacts'}})
-    model, trainer = task.fit(args.attention, args.seed, out, resume=args.resume)
-    task.save_example(model, out)
+    config = {'attention': args.attention, 'seed': args.seed, 'epochs': task.epochs,
+              'options': {k: v for k, v in options.items() if k != 'artifacts'}}
+    with locked_folder(out):  # a second train into the same folder is refused
+        model, trainer = task.fit(
+            args.attention, args.seed, out, resume=args.resume,
+            before_training=lambda: atomic_write_json(out / 'config.json', config))
+        task.save_example(model, out)
     row = trainer.history[-1]
     print('\n'.join(f'{key}: {value:.4f}' for key, value in row.items()))
     print(f'checkpoints, metrics and segmentation.png in {out}/')

@@ -288,3 +288,36 @@ def test_cli_errors_are_one_line_unless_debug(tmp_path, capsys):
     assert f"'{missing}' is no run folder of train (no config.json)" in err
     with pytest.raises(FileNotFoundError, match='no config.json'):
         main(['evaluate', str(missing), '--debug'])
+
+
+def folder_contents(folder) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_invalid_resume_changes_nothing_in_the_run_folder(synthetic_root, tmp_path,
+                                                          capsys):
+    run = tmp_path / 'run'
+    train = ['train', '--attention', 'metricformer', '--out', str(run),
+             '--no-progress', *cli_options(synthetic_root), '-o', 'former_hidden=16',
+             '-o', 'former_layers=1', '-o', 'former_heads=2']
+    assert main([*train, '--epochs', '2']) == 0
+    before = folder_contents(run)
+    capsys.readouterr()
+    # The cosine schedule reached lr 0 at epoch 2; more epochs would raise it.
+    assert main([*train, '--epochs', '3', '--resume']) == 1
+    assert 'cosine learning-rate schedule ends at epoch 2' in capsys.readouterr().err
+    # Another model than the checkpoint's.
+    assert main([*train, '--epochs', '2', '--resume', '-o', 'former_hidden=8']) == 1
+    assert 'does not fit the model' in capsys.readouterr().err
+    assert folder_contents(run) == before
+    assert main(['evaluate', str(run)]) == 0
+
+
+def test_a_run_folder_in_use_is_refused(trained_run, synthetic_root, capsys):
+    from pyg_metric_attn.utils.io import locked_folder
+    before = folder_contents(trained_run)
+    with locked_folder(trained_run):  # as another train process would
+        assert main(['train', '--epochs', '1', '--resume', '--out',
+                     str(trained_run), *cli_options(synthetic_root)]) == 1
+    assert f"'{trained_run}' is in use by another process" in capsys.readouterr().err
+    assert folder_contents(trained_run) == before

@@ -106,12 +106,10 @@ class Trainer:
             resume: bool = False) -> list[dict[str, float]]:
         """Train for up to ``epochs`` epochs (``batches(epoch)`` per epoch).
 
-        With ``resume=True`` and a ``last.pt`` in ``out_dir``, training goes
-        on from the epoch after the saved one with the saved model, optimiser,
-        scheduler, history and random states.
+        With ``resume=True`` training goes on from :meth:`resume`.
         """
         if resume:
-            self._resume()
+            self.resume(epochs)
         bar = tqdm(range(len(self.history) + 1, epochs + 1), desc=self.desc,
                    disable=not self.progress, leave=False, dynamic_ncols=True)
         for epoch in bar:
@@ -207,14 +205,35 @@ class Trainer:
                            'epoch': self.best_epoch,
                            'metrics': self.best}, self.out_dir / 'best.pt')
 
-    def _resume(self) -> None:
+    def resume(self, epochs: int) -> None:
+        """Load the saved model, optimiser, scheduler, history and random
+        states of ``out_dir/last.pt`` (where there is one), so that
+        :meth:`fit` goes on from the epoch after the saved one.
+
+        Raises :class:`ValueError` before anything changes where the
+        checkpoint does not fit the model, or where ``epochs`` would run a
+        cosine schedule past its end (its learning rate would rise again).
+        """
         if self.out_dir is None:
             raise ValueError("'resume' needs an 'out_dir' with a checkpoint")
         path = self.out_dir / 'last.pt'
         if not path.exists():
             return
         state = load_verified(path)
-        self.model.load_state_dict(state['model'])
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.CosineAnnealingLR):
+            end = state['scheduler']['T_max']
+            if epochs > end:
+                raise ValueError(
+                    f"'{path}': its cosine learning-rate schedule ends at epoch "
+                    f"{end}; {epochs} epochs would run it past its end (the rate "
+                    f"rises again). Resume with at most {end} epochs, or start "
+                    f"a new run")
+        try:
+            self.model.load_state_dict(state['model'])
+        except RuntimeError as error:
+            raise ValueError(f"'{path}' does not fit the model (resume with the "
+                             f"settings the run was trained with): "
+                             f"{' '.join(str(error).split())}") from error
         self.optimizer.load_state_dict(state['optimizer'])
         if self.scheduler is not None and state['scheduler'] is not None:
             self.scheduler.load_state_dict(state['scheduler'])

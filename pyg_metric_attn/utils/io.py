@@ -5,14 +5,18 @@ place with :func:`os.replace`, so a reader never sees a half-written file.
 :func:`save_verified` prefixes the payload with a magic line and its SHA-256;
 :func:`load_verified` checks both and raises :class:`CorruptFileError` on any
 mismatch (truncation, bit rot, a file of another kind).
+:func:`locked_folder` keeps a second process from writing into a folder in use.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,10 @@ MAGIC = b'pyg-metric-attn/verified/v1\n'
 
 class CorruptFileError(RuntimeError):
     """A verified file is truncated, altered or not of this format."""
+
+
+class FolderLockedError(RuntimeError):
+    """Another process holds the lock of a folder (see :func:`locked_folder`)."""
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -73,3 +81,24 @@ def load_verified(path: str | os.PathLike, map_location: Any = 'cpu',
         raise CorruptFileError(f"'{path}' is corrupt (checksum mismatch)")
     return torch.load(io.BytesIO(payload), map_location=map_location,
                       weights_only=weights_only)
+
+
+@contextmanager
+def locked_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on folder ``path`` (created where missing) for
+    the ``with`` block; raises :class:`FolderLockedError` at once where
+    another process (or another ``with``) holds it. The lock is on the folder
+    itself, so no file is added, and it ends with the process."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderLockedError(
+                f"'{path}' is in use by another process (a train writing into "
+                f"it?); wait until it ends or choose another folder") from None
+        yield path
+    finally:
+        os.close(fd)  # releases the lock

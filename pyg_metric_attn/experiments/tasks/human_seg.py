@@ -37,6 +37,7 @@ epoch is reported (no model selection on the test set).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,9 +256,13 @@ class HumanSegTask(Task):
                                label_smoothing=self.options['label_smoothing'])
 
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
-            resume: bool = False) -> tuple[torch.nn.Module, Trainer]:
+            resume: bool = False,
+            before_training: Callable[[], None] | None = None
+            ) -> tuple[torch.nn.Module, Trainer]:
         """Train one model with :class:`~pyg_metric_attn.training.Trainer`
-        (checkpoints and metrics in ``out_dir`` when given)."""
+        (checkpoints and metrics in ``out_dir`` when given; ``resume``: from
+        its last checkpoint). ``before_training`` is called once the resume
+        is known to be valid, before anything is written."""
         o = self.options
         train, evaluation = self.datasets()
         seed_everything(seed)
@@ -281,7 +286,11 @@ class HumanSegTask(Task):
                           scheduler=scheduler, out_dir=out_dir,
                           progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}')
-        trainer.fit(batches, self.epochs, resume=resume)
+        if resume:
+            trainer.resume(self.epochs)
+        if before_training is not None:
+            before_training()
+        trainer.fit(batches, self.epochs)
         return model, trainer
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
