@@ -9,11 +9,14 @@ import argparse
 import ast
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from pyg_metric_attn.experiments.task import Task
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -25,6 +28,31 @@ def _option(text: str) -> tuple[str, Any]:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key, value
+
+
+def _task_option(task_cls: type[Task]) -> Callable[[str], tuple[str, Any]]:
+    """:func:`_option`, checked against the task's options and their
+    defaults' kinds (where the task declares them) while parsing."""
+    def parse(text: str) -> tuple[str, Any]:
+        key, value = _option(text)
+        if task_cls.defaults is not None:
+            try:
+                task_cls.with_defaults(task_cls.defaults, {key: value})
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(str(error)) from error
+        return key, value
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got '{text}'")
+    return value
 
 
 def _experiment(args: argparse.Namespace) -> int:
@@ -176,10 +204,13 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _add_mesh_flags(parser: argparse.ArgumentParser) -> None:
+    from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
+
     parser.add_argument('--root', help='MeshCNN human_seg folder (default: '
                         'synthetic humanoids)')
     parser.add_argument('--processed-dir', help='where processed files go')
-    parser.add_argument('--option', '-o', type=_option, action='append',
+    parser.add_argument('--option', '-o', type=_task_option(HumanSegTask),
+                        action='append',
                         default=[], metavar='KEY=VALUE',
                         help='human_seg task option, e.g. -o lr=1e-3')
 
@@ -188,7 +219,7 @@ def _add_global_flags(parser: argparse.ArgumentParser,
                       suppress: bool = True) -> None:
     """``--threads`` and ``--debug``, accepted before and after the command:
     the command parsers' copies (``suppress``) set them only when given."""
-    parser.add_argument('--threads', type=int,
+    parser.add_argument('--threads', type=_positive_int,
                         default=argparse.SUPPRESS if suppress else None,
                         help='torch CPU threads (default: torch decides)')
     parser.add_argument('--debug', action='store_true',
@@ -216,12 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub = tasks.add_parser(name, parents=[global_flags], help=summary)
         sub.add_argument('--attention', help='comma-separated attention types '
                          f"(default: {','.join(task_cls.default_attentions)})")
-        sub.add_argument('--seeds', type=int, default=10, help='number of seeds')
+        sub.add_argument('--seeds', type=_positive_int, default=10,
+                         help='number of seeds')
         sub.add_argument('--first-seed', type=int, default=0)
-        sub.add_argument('--epochs', type=int, default=None,
+        sub.add_argument('--epochs', type=_positive_int, default=None,
                          help='epochs per run (default: the task\'s)')
         sub.add_argument('--out', help=f'output folder (default: runs/{name})')
-        sub.add_argument('--option', '-o', type=_option, action='append',
+        sub.add_argument('--option', '-o', type=_task_option(task_cls),
+                         action='append',
                          default=[], metavar='KEY=VALUE',
                          help='task option, e.g. -o lr=1e-3')
         sub.add_argument('--no-progress', action='store_true')
@@ -237,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument('--attention', default='metric', help='metric, l2, dot, '
                        'gat, gatv2, transformer (IPN) or metricformer')
     train.add_argument('--seed', type=int, default=0)
-    train.add_argument('--epochs', type=int, default=None)
+    train.add_argument('--epochs', type=_positive_int, default=None,
+                       help='epochs (default: 100)')
     train.add_argument('--out', help='run folder (default: '
                        'runs/train/ATTENTION-seedSEED)')
     train.add_argument('--resume', action='store_true',
@@ -270,7 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    root = getattr(args, 'root', None)
+    if root is not None and not Path(root).is_dir():
+        parser.error(f"--root '{root}' is no folder; give the folder that holds "
+                     f"the data (to download them into a new one, create it "
+                     f"first)")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

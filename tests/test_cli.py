@@ -2,9 +2,12 @@
 and task options checked before anything runs, data folders that must exist."""
 from __future__ import annotations
 
+import urllib.error
+
 import pytest
 
-from pyg_metric_attn.cli import build_parser
+import pyg_metric_attn.datasets.human_segmentation as human_segmentation
+from pyg_metric_attn.cli import build_parser, main
 
 
 @pytest.mark.parametrize('argv', [
@@ -19,3 +22,43 @@ def test_global_flags_before_or_after_the_command(argv):
 def test_global_flags_default():
     args = build_parser().parse_args(['evaluate', 'RUN'])
     assert args.threads is None and not args.debug
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['train', '--epochs', '0'], "--epochs: must be a positive integer, got '0'"),
+    (['train', '--epochs', '-1'], "--epochs: must be a positive integer, got '-1'"),
+    (['experiment', 'moon', '--epochs', '0'], 'must be a positive integer'),
+    (['experiment', 'moon', '--seeds', '0'], 'must be a positive integer'),
+    (['train', '--threads', '0'], 'must be a positive integer'),
+    (['train', '-o', 'lr=abc'], "human_seg option lr='abc' must be a number"),
+    (['experiment', 'moon', '-o', 'lr=abc'], "moon option lr='abc' must be a number"),
+    (['train', '-o', 'hidden=6.5'], 'hidden=6.5 must be an integer'),
+    (['evaluate', 'RUN', '-o', 'former_cosine=1'], 'former_cosine=1 must be True or'),
+    (['predict', 'RUN', 'a.obj', '-o', 'hiden=3'],
+     "Unknown human_seg options ['hiden']")])
+def test_bad_numbers_and_options_are_refused_at_parse_time(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_options_of_the_defaults_type_pass():
+    args = build_parser().parse_args([
+        'train', '-o', 'lr=1', '-o', "time_scale={'metric': 2.0}",
+        '-o', 'val_source=adobe', '-o', 'former_cosine=False'])
+    assert dict(args.option) == {'lr': 1, 'time_scale': {'metric': 2.0},
+                                 'val_source': 'adobe', 'former_cosine': False}
+
+
+@pytest.mark.parametrize('command', [['train'], ['experiment', 'human_seg']])
+def test_a_missing_root_is_refused_not_created(command, tmp_path, monkeypatch,
+                                               capsys):
+    def offline(url, folder, log=True):
+        raise urllib.error.URLError('no network')
+    monkeypatch.setattr(human_segmentation, 'download_url', offline)
+    missing = tmp_path / 'missing'
+    with pytest.raises(SystemExit):
+        main([*command, '--root', str(missing), '--epochs', '1', '--no-progress'])
+    assert f"--root '{missing}' is no folder" in capsys.readouterr().err
+    assert not missing.exists()

@@ -44,11 +44,17 @@ class Task(ABC):
     def with_defaults(cls, defaults: dict[str, Any],
                       options: dict[str, Any]) -> dict[str, Any]:
         """``options`` filled in from ``defaults``; an option that
-        ``defaults`` does not name is an error."""
+        ``defaults`` does not name, or whose value is not of its default's
+        kind (a number, an integer, a bool), is an error."""
         unknown = set(options) - set(defaults)
         if unknown:
             raise ValueError(f"Unknown {cls.name} options {sorted(unknown)}; "
                              f"known: {sorted(defaults)}")
+        for key, value in options.items():
+            expected = _kind_error(defaults[key], value)
+            if expected:
+                raise ValueError(f"{cls.name} option {key}={value!r} must be "
+                                 f"{expected} (default: {defaults[key]!r})")
         return {**defaults, **options}
 
     @classmethod
@@ -66,3 +72,18 @@ class Task(ABC):
         """Settings recorded with every run (a finished run is reused only if
         its recorded config equals the current one)."""
         return {'epochs': self.epochs, **self.options}
+
+
+def _kind_error(default: Any, value: Any) -> str | None:
+    """What ``value`` should be where it is not of the kind of ``default``
+    (options without a bool or number default take any value)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else 'True or False'
+    if isinstance(value, bool):
+        value = None  # a bool is no number here
+    if isinstance(default, int):
+        return None if isinstance(value, int) else 'an integer'
+    if isinstance(default, float):
+        # A dict: a value per attention type (e.g. time_scale={'metric': 2.0}).
+        return None if isinstance(value, (int, float, dict)) else 'a number'
+    return None
