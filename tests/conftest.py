@@ -1,7 +1,10 @@
-"""Shared fixtures: scatter backends, random graphs, the shared data root."""
+"""Shared fixtures: scatter backends, random graphs, the shared data root, a
+server that never answers."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,35 @@ def shared_dataset(name: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture
+def silent_server(monkeypatch):
+    """The address of a local server that accepts connections and never
+    answers, with downloads set to give up after 0.5 s. Each connection is
+    closed after 5 s, so that code without a timeout fails instead of hanging.
+    """
+    monkeypatch.setenv('PYG_METRIC_ATTN_DOWNLOAD_TIMEOUT', '0.5')
+    server = socket.create_server(('127.0.0.1', 0))
+    server.settimeout(0.1)
+    stop = threading.Event()
+    timers = []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            timers.append(threading.Timer(5.0, connection.close))
+            timers[-1].start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f'http://127.0.0.1:{server.getsockname()[1]}'
+    stop.set()
+    thread.join()
+    server.close()
+    for timer in timers:
+        timer.cancel()
+        timer.function()

@@ -14,7 +14,7 @@ from conftest import shared_dataset
 
 from pyg_metric_attn.datasets import MNIST, IDXFormatError, read_idx
 from pyg_metric_attn.datasets.mnist import md5sum
-from pyg_metric_attn.experiments.tasks.planetoid import load_planetoid
+from pyg_metric_attn.experiments.tasks.planetoid import Planetoid, load_planetoid
 
 
 def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08) -> Path:
@@ -146,3 +146,12 @@ def test_planetoid_statistics(tmp_path, name, stats):
     # Row-normalised features (GAT's preprocessing); CiteSeer has empty rows.
     row_sums = data.x.sum(1)
     assert torch.allclose(row_sums[row_sums > 0], torch.ones(1))
+
+
+def test_a_failed_planetoid_download_says_where_to_put_the_files(
+        tmp_path, silent_server, monkeypatch):
+    # PyG 2.8 downloads through aiohttp, whose errors are no URLError.
+    monkeypatch.setattr(Planetoid, 'url', silent_server)
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.5 s.*Put the "
+                       r"eight raw files ind\.cora\.\{x,.*into '.*Cora/raw/'"):
+        load_planetoid(tmp_path, 'Cora')

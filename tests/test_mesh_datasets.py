@@ -127,6 +127,15 @@ def test_offline_download_says_where_to_put_files(tmp_path, monkeypatch):
         HumanSegmentation(str(tmp_path / 'empty2'), variant='original', log=False)
 
 
+def test_a_download_without_answer_times_out(tmp_path, silent_server,
+                                             monkeypatch):
+    monkeypatch.setitem(HumanSegmentation.urls, 'meshcnn',
+                        f'{silent_server}/human_seg.tar.gz')
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.5 s.*put its "
+                       r"train/, test/, seg/, sseg/ into"):
+        HumanSegmentation(str(tmp_path), log=False)
+
+
 def test_present_raw_files_are_never_downloaded(human_seg_root, monkeypatch,
                                                 tmp_path):
     def fail(*args, **kwargs):

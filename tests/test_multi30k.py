@@ -61,6 +61,14 @@ def test_offline_without_files_says_where_to_put_them(tmp_path, no_network):
         Multi30k(tmp_path, download=False).sentences('dev', 'en')
 
 
+def test_a_download_without_answer_times_out(tmp_path, silent_server,
+                                             monkeypatch):
+    monkeypatch.setattr(Multi30k, 'url', silent_server)
+    with pytest.raises(FileNotFoundError, match=r"no answer within 0\.5 s.*Put "
+                       r"the Multi30k task-1 raw files"):
+        Multi30k(tmp_path)
+
+
 def test_tokenizer_round_trip_and_cache(data, tmp_path, monkeypatch):
     train = data.sentences('train', 'de') + data.sentences('train', 'en')
     path = tmp_path / 'bpe.pt'

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torch_geometric.data import download_url, extract_tar, extract_zip
+from torch_geometric.data import extract_tar, extract_zip
 
 from pyg_metric_attn.datasets.mesh_dataset import MeshDataset
 from pyg_metric_attn.datasets.mesh_io import read_labels, read_mesh
+from pyg_metric_attn.utils.download import download_url
 
 #: MIT animation sequences of the original training set.
 MIT_POSES = ('bouncing', 'handstand', 'march1', 'squat1', 'crane', 'jumping',
@@ -96,7 +96,7 @@ class HumanSegmentation(MeshDataset):
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
             try:
                 archive = download_url(url, tmp, log=self.log)
-            except (urllib.error.URLError, OSError) as error:
+            except OSError as error:
                 raise RuntimeError(
                     f"The human segmentation data ({self.variant} layout) are "
                     f"not in '{self.root}' and could not be downloaded from "

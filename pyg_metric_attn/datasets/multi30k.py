@@ -4,10 +4,9 @@ Flickr) sentence pairs, raw (true-cased, untokenised) text."""
 from __future__ import annotations
 
 import gzip
-import urllib.error
 from pathlib import Path
 
-from torch_geometric.data import download_url
+from pyg_metric_attn.utils.download import download_url
 
 
 class Multi30k:
@@ -62,7 +61,7 @@ class Multi30k:
         for name in names:
             try:
                 download_url(f'{self.url}/{name}', str(self.raw_dir))
-            except (urllib.error.URLError, OSError) as error:
+            except OSError as error:
                 raise FileNotFoundError(
                     f"Could not download '{name}' from {self.url} ({error}). "
                     f"Put the Multi30k task-1 raw files {self.raw_file_names} "

@@ -17,7 +17,6 @@ same two slots, with its own options (``time_scale``, ``metric_channels``,
 """
 from __future__ import annotations
 
-import urllib.error
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +31,7 @@ from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models.ipn import attention_conv
 from pyg_metric_attn.nn.pseudo_metric import METRICS
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
+from pyg_metric_attn.utils.download import download_url
 
 #: Options of :class:`MetricAttentionConv` a task may set (given to the
 #: 'metric', 'l2' and 'dot' layers only).
@@ -39,21 +39,33 @@ METRIC_OPTIONS = ('time_scale', 'learn_time_scale', 'metric_channels',
                   'mlp_channels', 'value', 'residual')
 
 
+#: The raw files of a Planetoid graph: ``ind.NAME.EXTENSION``.
+RAW_EXTENSIONS = ('x', 'tx', 'allx', 'y', 'ty', 'ally', 'graph', 'test.index')
+
+
 def load_planetoid(root: str | Path, name: str) -> Data:
     """The public split of ``name`` with row-normalised features.
 
     PyG's :class:`~torch_geometric.datasets.Planetoid` reads
-    ``ROOT/NAME/raw/ind.NAME.*`` (downloading them when missing) and writes
-    ``ROOT/NAME/processed/``, so ``root`` must be writable.
+    ``ROOT/NAME/raw/ind.NAME.*`` and writes ``ROOT/NAME/processed/``, so
+    ``root`` must be writable. Missing raw files are downloaded first (with
+    :func:`~pyg_metric_attn.utils.download.download_url`'s timeout); where
+    that fails, the error says where to put them.
     """
-    try:
-        dataset = Planetoid(str(root), name, split='public',
-                            transform=NormalizeFeatures())
-    except urllib.error.URLError as error:
-        raise RuntimeError(
-            f"Could not download Planetoid '{name}' (offline?). Put the eight "
-            f"raw files ind.{name.lower()}.{{x,tx,allx,y,ty,ally,graph,"
-            f"test.index}} into '{Path(root) / name / 'raw'}/'") from error
+    raw = Path(root) / name / 'raw'
+    for extension in RAW_EXTENSIONS:
+        file = f'ind.{name.lower()}.{extension}'
+        if (raw / file).exists():
+            continue
+        try:
+            download_url(f'{Planetoid.url}/{file}', raw)
+        except OSError as error:
+            raise RuntimeError(
+                f"Could not download Planetoid '{name}' ({error}). Put the "
+                f"eight raw files ind.{name.lower()}.{{{','.join(RAW_EXTENSIONS)}}} "
+                f"into '{raw}/'") from error
+    dataset = Planetoid(str(root), name, split='public',
+                        transform=NormalizeFeatures())
     return dataset[0]
 
 
