@@ -3,6 +3,8 @@ early stopping, and the atomic/verified file helpers."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from pyg_metric_attn.training import (
 from pyg_metric_attn.utils.io import (
     CorruptFileError,
     atomic_write_json,
+    atomic_write_text,
     load_verified,
     save_verified,
 )
@@ -137,3 +140,16 @@ def test_atomic_and_verified_writes(tmp_path):
     save_verified({'t': torch.arange(3)}, tmp_path / 'c.pt')
     assert torch.equal(load_verified(tmp_path / 'c.pt')['t'], torch.arange(3))
     assert sorted(p.name for p in tmp_path.rglob('*')) == ['a', 'b.json', 'c.pt']
+
+
+def test_atomic_writes_keep_the_umask(tmp_path):
+    umask = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / 'a.txt', 'text')
+        save_verified({'x': 1}, tmp_path / 'b.pt')
+        plain = tmp_path / 'c.txt'
+        plain.write_text('text')
+    finally:
+        os.umask(umask)
+    for name in ('a.txt', 'b.pt', 'c.txt'):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name

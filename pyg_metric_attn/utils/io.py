@@ -33,6 +33,13 @@ class FolderLockedError(RuntimeError):
     """Another process holds the lock of a folder (see :func:`locked_folder`)."""
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 @contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through: it appears at ``path`` (by
@@ -42,6 +49,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.',
                                suffix='.tmp')
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 -> as open() would
         with os.fdopen(fd, 'wb') as f:
             yield f
             f.flush()
