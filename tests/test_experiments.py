@@ -174,3 +174,21 @@ def test_gat_net_slots():
         assert model.conv1.heads == 2 and model.conv2.heads == 1
     with pytest.raises(ValueError, match="Unknown attention 'gcn'"):
         GATNet(5, 3, 'gcn')
+
+
+def test_a_failed_experiment_reports_the_failure_not_nan(tmp_path, monkeypatch,
+                                                         capsys):
+    def crash(self, attention, seed):
+        raise RuntimeError('boom')
+
+    monkeypatch.setattr(MoonTask, 'run', crash)
+    assert main(['experiment', 'moon', '--attention', 'metric', '--seeds', '1',
+                 '--epochs', '2', '--out', str(tmp_path), '--no-progress']) == 1
+    printed = capsys.readouterr().out
+    assert 'nan' not in printed and '| metric | 0 (1 failed) | failed |' in printed
+    assert 'metric seed 0 failed: RuntimeError: boom' in printed
+    assert not (tmp_path / 'curves.png').exists()
+    assert not (tmp_path / 'violin.png').exists()
+    summary = json.loads((tmp_path / 'summary.json').read_text())
+    assert summary['metric']['mean'] is None
+    assert summary['metric']['errors'] == ['RuntimeError: boom']

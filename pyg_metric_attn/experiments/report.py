@@ -16,27 +16,32 @@ from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text  # noq
 
 
 def summarise(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per attention: final-metric statistics, timings and failed seeds."""
+    """Per attention: final-metric statistics and timings (:obj:`None` where
+    no run finished), failed seeds and their errors."""
     summary: dict[str, Any] = {}
     for attention in dict.fromkeys(r['attention'] for r in records):
         runs = [r for r in records if r['attention'] == attention]
         ok = [r for r in runs if r['status'] == 'ok']
-        values = np.array([r['final'][task.final_metric] for r in ok], dtype=float)
-        epoch_seconds = [row['epoch_seconds'] for r in ok for row in r['history']]
-        nan = float('nan')
-        high, low = (values.max(), values.min()) if len(values) else (nan, nan)
+        failed = [r for r in runs if r['status'] != 'ok']
         summary[attention] = {
             'runs': len(ok),
-            'failed_seeds': [r['seed'] for r in runs if r['status'] != 'ok'],
-            'mean': float(values.mean()) if len(values) else nan,
-            'std': float(values.std(ddof=1)) if len(values) > 1 else 0.0,
-            'best': float(high if task.higher_is_better else low),
-            'worst': float(low if task.higher_is_better else high),
-            'seconds_per_epoch': (float(np.mean(epoch_seconds))
-                                  if epoch_seconds else float('nan')),
-            'seconds_per_run': (float(np.mean([r['wall_seconds'] for r in ok]))
-                                if ok else float('nan')),
+            'failed_seeds': [r['seed'] for r in failed],
+            'errors': [r['error'] for r in failed],
+            **dict.fromkeys(('mean', 'std', 'best', 'worst', 'seconds_per_epoch',
+                             'seconds_per_run')),
         }
+        if not ok:
+            continue
+        values = np.array([r['final'][task.final_metric] for r in ok], dtype=float)
+        high, low = values.max(), values.min()
+        summary[attention].update(
+            mean=float(values.mean()),
+            std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            best=float(high if task.higher_is_better else low),
+            worst=float(low if task.higher_is_better else high),
+            seconds_per_epoch=float(np.mean([row['epoch_seconds'] for r in ok
+                                             for row in r['history']])),
+            seconds_per_run=float(np.mean([r['wall_seconds'] for r in ok])))
     return summary
 
 
@@ -56,6 +61,9 @@ def summary_table(task: Task, summary: dict[str, Any]) -> str:
     for attention, s in summary.items():
         runs = f"{s['runs']}" + (f" ({len(s['failed_seeds'])} failed)"
                                  if s['failed_seeds'] else '')
+        if not s['runs']:
+            lines.append(f'| {attention} | {runs} | failed | | | | |')
+            continue
         lines.append(
             f"| {attention} | {runs} | {_fmt(metric, s['mean'])} ± "
             f"{_fmt(metric, s['std'])} | {_fmt(metric, s['best'])} | "
@@ -128,11 +136,17 @@ def plot_violin(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
 
 def write_report(task: Task, records: Sequence[dict[str, Any]],
                  out_dir: Path) -> dict[str, Any]:
-    """Write ``summary.json``, ``summary.md``, ``curves.png`` and ``violin.png``."""
+    """Write ``summary.json``, ``summary.md`` and, where some run finished,
+    ``curves.png`` and ``violin.png`` (else earlier figures are removed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarise(task, records)
     atomic_write_json(out_dir / 'summary.json', summary)
     atomic_write_text(out_dir / 'summary.md', summary_table(task, summary))
-    plot_curves(task, records, out_dir / 'curves.png')
-    plot_violin(task, records, out_dir / 'violin.png')
+    figures = {'curves.png': plot_curves, 'violin.png': plot_violin}
+    finished = any(r['status'] == 'ok' for r in records)
+    for name, plot in figures.items():
+        if finished:
+            plot(task, records, out_dir / name)
+        else:
+            (out_dir / name).unlink(missing_ok=True)
     return summary
