@@ -1,22 +1,36 @@
-"""Segmented meshes as pictures (matplotlib, no OpenGL) and colours."""
+"""Segmented meshes as pictures (matplotlib, no OpenGL) and colours.
+
+Figures written to files are drawn by matplotlib's Agg canvas directly
+(:func:`file_figure`), without pyplot: they need no display, and the
+backend the user chose for pyplot stays as it is.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from mpl_toolkits.mplot3d.art3d import Poly3DCollection  # noqa: E402
+from pyg_metric_attn.geometry.mesh import face_normals
 
-from pyg_metric_attn.geometry.mesh import face_normals  # noqa: E402
+
+def file_figure(**kwargs: Any) -> Figure:
+    """A :class:`~matplotlib.figure.Figure` (``kwargs``: its arguments) on an
+    Agg canvas of its own, for writing an image file."""
+    figure = Figure(**kwargs)
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def label_colors(labels: np.ndarray, num_classes: int = 8) -> np.ndarray:
     """``[N, 4]`` uint8 RGBA colours of integer labels (tab10 palette)."""
-    palette = plt.get_cmap('tab10' if num_classes <= 10 else 'tab20')
+    palette = matplotlib.colormaps['tab10' if num_classes <= 10 else 'tab20']
     rgba = palette(np.asarray(labels) % palette.N)
     return (np.asarray(rgba) * 255).round().astype(np.uint8)
 
@@ -60,7 +74,7 @@ def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
     num_classes = max(int(np.max(labels)) for labels in labelings) + 1
     if class_names is not None:
         num_classes = max(num_classes, len(class_names))
-    fig = plt.figure(figsize=(3.2 * len(labelings), 3.4 * len(views)))
+    fig = file_figure(figsize=(3.2 * len(labelings), 3.4 * len(views)))
     for column, (labels, title) in enumerate(zip(labelings, titles, strict=True)):
         colors = label_colors(labels, num_classes)
         for row, view in enumerate(views):
@@ -70,13 +84,28 @@ def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
             _draw(ax, pos, face, colors, view)
             if row == 0:
                 ax.set_title(title)
+    bottom = 0.0
     if class_names is not None:
-        handles = [plt.Rectangle((0, 0), 1, 1, color=c[:3] / 255)
-                   for c in label_colors(np.arange(len(class_names)), num_classes)]
-        fig.legend(handles, class_names, loc='lower center',
-                   ncol=min(len(class_names), 4), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08 if class_names else 0, 1, 1))
+        bottom = _class_legend(fig, class_names, num_classes)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+
+def _class_legend(fig: Figure, class_names: Sequence[str],
+                  num_classes: int) -> float:
+    """A legend of the class colours at the bottom, in as many columns (up
+    to 4) as fit the figure's width; returns the height share it takes."""
+    handles = [Rectangle((0, 0), 1, 1, color=c[:3] / 255)
+               for c in label_colors(np.arange(len(class_names)), num_classes)]
+    renderer = fig.canvas.get_renderer()
+    ncol = min(len(class_names), 4)
+    while True:
+        legend = fig.legend(handles, class_names, loc='lower center', ncol=ncol,
+                            fontsize=8, frameon=False)
+        box = legend.get_window_extent(renderer)
+        if box.width <= fig.bbox.width or ncol == 1:
+            return box.height / fig.bbox.height
+        legend.remove()
+        ncol -= 1

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 import torch
 import trimesh
+from matplotlib.figure import Figure
 from torch_geometric.data import Batch, Data
 
 from pyg_metric_attn.cli import main
-from pyg_metric_attn.datasets import SyntheticHumans
+from pyg_metric_attn.datasets import BODY_PARTS, SyntheticHumans
 from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.nn.models import MetricMeshFormer
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.transforms import rescaled_heat_kernel_signatures
-from pyg_metric_attn.visualization import label_colors
+from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
              batch_size=2)
@@ -321,3 +322,39 @@ def test_a_run_folder_in_use_is_refused(trained_run, synthetic_root, capsys):
                      str(trained_run), *cli_options(synthetic_root)]) == 1
     assert f"'{trained_run}' is in use by another process" in capsys.readouterr().err
     assert folder_contents(trained_run) == before
+
+
+def test_prediction_png_legend_fits_the_figure(monkeypatch, tmp_path):
+    saved = []
+    save = Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        saved.append(figure)
+        return save(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, 'savefig', keep)
+    sphere = trimesh.creation.icosphere(subdivisions=1)
+    labels = np.arange(len(sphere.faces)) % len(BODY_PARTS)
+    render_segmentations(tmp_path / 'one.png', sphere.vertices, sphere.faces,
+                         [labels], ['prediction'], BODY_PARTS)
+    (figure,) = saved
+    (legend,) = figure.legends
+    box = legend.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= figure.bbox.x1
+    assert 0 <= box.y0
+    assert len(legend.get_texts()) == len(BODY_PARTS)
+
+
+def test_importing_the_plotting_modules_keeps_the_matplotlib_backend(monkeypatch):
+    import importlib
+
+    import matplotlib
+
+    import pyg_metric_attn.experiments.report as report
+    import pyg_metric_attn.visualization as visualization
+    chosen = []
+    monkeypatch.setattr(matplotlib, 'use', lambda *args, **kwargs:
+                        chosen.append(args))
+    for module in (visualization, report):
+        importlib.reload(module)
+    assert chosen == []

@@ -6,13 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from pyg_metric_attn.experiments.task import Task  # noqa: E402
-from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text  # noqa: E402
+from pyg_metric_attn.experiments.task import Task
+from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
+from pyg_metric_attn.visualization import file_figure
 
 
 def summarise(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -77,9 +75,9 @@ def plot_curves(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
     metrics = list(task.curve_metrics)
     attentions = list(dict.fromkeys(r['attention'] for r in records))
     # One colour per attention, also beyond matplotlib's ten default ones.
-    palette = plt.get_cmap('tab10' if len(attentions) <= 10 else 'tab20')
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.8),
-                             squeeze=False)
+    palette = matplotlib.colormaps['tab10' if len(attentions) <= 10 else 'tab20']
+    fig = file_figure(figsize=(5 * len(metrics), 3.8))
+    axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         for index, attention in enumerate(attentions):
             curves = [[row[metric] for row in r['history'] if metric in row]
@@ -102,7 +100,6 @@ def plot_curves(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
     fig.suptitle(f'{task.name}: mean over seeds, band = min to max')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_violin(task: Task, records: Sequence[dict[str, Any]], path: Path) -> None:
@@ -114,7 +111,8 @@ def plot_violin(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
                   if r['attention'] == attention and r['status'] == 'ok']
         if values:
             groups[attention] = values
-    fig, ax = plt.subplots(figsize=(1.6 * max(len(groups), 2) + 1, 3.8))
+    fig = file_figure(figsize=(1.6 * max(len(groups), 2) + 1, 3.8))
+    ax = fig.subplots()
     if groups:
         positions = np.arange(1, len(groups) + 1)
         # A violin needs spread; seeds that all agree are shown as dots only.
@@ -131,7 +129,6 @@ def plot_violin(task: Task, records: Sequence[dict[str, Any]], path: Path) -> No
     ax.grid(alpha=0.3, axis='y')
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def write_report(task: Task, records: Sequence[dict[str, Any]],
