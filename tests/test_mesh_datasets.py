@@ -11,6 +11,7 @@ import pytest
 import torch
 import trimesh
 from conftest import shared_dataset
+from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
 import pyg_metric_attn.datasets.human_segmentation as human_segmentation
@@ -21,9 +22,11 @@ from pyg_metric_attn.datasets import (
     majority_label,
 )
 from pyg_metric_attn.datasets.human_segmentation import MIT_POSES, SHREC_IDS
+from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
 from pyg_metric_attn.geometry import MeshError, edge_face_counts
+from pyg_metric_attn.geometry.spectral import heat_kernel_signature
 
 REAL_MESHES = {'train': ['scape__mesh000', 'faust__tr_reg_077',
                          'MIT_animation__meshes_crane__meshes__mesh_0110'],
@@ -289,3 +292,21 @@ def test_stl_triangle_soup_is_merged_into_a_connected_mesh(tmp_path):
     assert pos.shape == (642, 3) and face.shape == (1280, 3)
     # Same triangles in the same order (STL stores float32 corners).
     np.testing.assert_allclose(pos[face], sphere.vertices[sphere.faces], atol=1e-6)
+
+
+def test_meshes_with_fewer_vertices_than_eigenpairs_collate_with_others():
+    settings = dict(k=16, hks_count=4, gradients=False, laplacian_method='auto')
+    small = trimesh.creation.icosahedron()  # 12 vertices: 12 eigenpairs, not 16
+    large = trimesh.creation.icosphere(subdivisions=1)  # 42 vertices
+    meshes = [mesh_data(m.vertices, m.faces, name)
+              for m, name in ((small, 'small'), (large, 'large'))]
+    compute_operators(meshes, settings, cache_dir=None, num_workers=1,
+                      progress=False, spectral_basis=16)
+    batch = Batch.from_data_list(meshes)
+    assert batch.evals.shape == (2, 16) and batch.evecs.shape == (54, 16)
+    # Padded with zero eigenvectors: they add nothing to a diffusion or HKS.
+    assert (meshes[0].evecs[:, 12:] == 0).all()
+    evals, evecs = meshes[0].evals[0].double(), meshes[0].evecs.double()
+    assert (evals[12:] == evals[11]).all()  # eigenvalues stay sorted
+    hks = heat_kernel_signature(evals[:12].numpy(), evecs[:, :12].numpy(), 4)
+    np.testing.assert_allclose(meshes[0].hks.numpy(), hks, rtol=1e-4, atol=1e-6)

@@ -35,6 +35,11 @@ def mesh_operators(pos: np.ndarray, face: np.ndarray, k: int = 128,
     ``grad_x``, ``grad_y``; and ``laplacian_method`` (``'cotan'`` or
     ``'robust'``). Computed in float64. With a ``cache``, an entry for the
     same content and settings is reused.
+
+    A mesh of ``V <= k`` vertices has only ``V`` eigenpairs: they are padded
+    to ``k`` with zero eigenvectors (eigenvalue: the largest one), which add
+    nothing to a spectral diffusion or an HKS but let the mesh be batched
+    with others.
     """
     pos = np.asarray(pos, dtype=np.float64)
     face = np.asarray(face, dtype=np.int64)
@@ -49,6 +54,10 @@ def mesh_operators(pos: np.ndarray, face: np.ndarray, k: int = 128,
 
     L, mass, method = laplacian(pos, face, laplacian_method)
     evals, evecs = eigendecomposition(L, mass, k, name)
+    missing = k - len(evals)
+    if missing > 0:
+        evals = np.concatenate([evals, np.full(missing, evals[-1])])
+        evecs = np.pad(evecs, ((0, 0), (0, missing)))
     entry = {
         'mass': torch.from_numpy(mass).float(),
         'evals': torch.from_numpy(evals).float(),
