@@ -358,3 +358,16 @@ def test_importing_the_plotting_modules_keeps_the_matplotlib_backend(monkeypatch
     for module in (visualization, report):
         importlib.reload(module)
     assert chosen == []
+
+
+def test_segmentation_meter_keeps_a_loss_of_zero():
+    face = torch.tensor([[0, 1, 2]]).t()
+    batch = Batch.from_data_list([Data(face=face, y=torch.tensor([0]),
+                                       num_nodes=3)])
+    meter = SegmentationMeter(2)
+    meter.update(torch.tensor([[5.0, 0], [5, 0], [5, 0]]), batch,
+                 loss=torch.tensor(0.0))
+    assert meter.compute() == {'face_acc': 1.0, 'loss': 0.0}
+    without = SegmentationMeter(2)
+    without.update(torch.zeros(3, 2), batch)
+    assert 'loss' not in without.compute()

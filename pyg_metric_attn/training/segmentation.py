@@ -37,7 +37,7 @@ class SegmentationMeter:
     def __init__(self, num_classes: int):
         self.num_classes = num_classes
         self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
-        self.loss_sum = 0.0
+        self.loss_sum: float | None = None  # None: no losses given
         self.edges = self.edges_correct = 0
         self.soft_sum = 0.0
         self.meshes = 0
@@ -51,7 +51,8 @@ class SegmentationMeter:
         self.confusion += torch.bincount(
             index, minlength=self.num_classes ** 2).view_as(self.confusion)
         if loss is not None:
-            self.loss_sum += float(loss) * batch.y.numel()
+            self.loss_sum = ((self.loss_sum or 0.0)
+                             + float(loss) * batch.y.numel())
         self.meshes += batch.num_graphs
         if getattr(batch, 'edge_label', None) is None:
             return
@@ -70,7 +71,7 @@ class SegmentationMeter:
         """Scalar metrics (``loss`` where losses were given)."""
         faces = int(self.confusion.sum())
         out = {'face_acc': float(self.confusion.diagonal().sum()) / max(faces, 1)}
-        if self.loss_sum:
+        if self.loss_sum is not None:
             out['loss'] = self.loss_sum / max(faces, 1)
         if self.has_edges:
             out['edge_acc'] = self.edges_correct / max(self.edges, 1)
