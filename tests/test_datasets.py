@@ -155,3 +155,10 @@ def test_a_failed_planetoid_download_says_where_to_put_the_files(
     with pytest.raises(RuntimeError, match=r"no answer within 0\.5 s.*Put the "
                        r"eight raw files ind\.cora\.\{x,.*into '.*Cora/raw/'"):
         load_planetoid(tmp_path, 'Cora')
+
+
+def test_mnist_download_without_answer_times_out(tmp_path, silent_server,
+                                                 monkeypatch):
+    monkeypatch.setattr(MNIST, 'mirrors', (f'{silent_server}/',))
+    with pytest.raises(RuntimeError, match=r'timed out'):
+        MNIST(tmp_path, train=False)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from pyg_metric_attn.datasets.idx import IDXFormatError, read_idx
+from pyg_metric_attn.utils.download import download_timeout
 from pyg_metric_attn.utils.io import atomic_write_bytes
 
 
@@ -103,7 +104,7 @@ class MNIST:
         for mirror in self.mirrors:
             url = mirror + name
             try:
-                with urllib.request.urlopen(url, timeout=30) as response:
+                with urllib.request.urlopen(url, timeout=download_timeout()) as response:
                     data = response.read()
             except (urllib.error.URLError, OSError) as error:
                 errors.append(f'{url}: {error}')
