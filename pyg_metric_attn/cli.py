@@ -45,6 +45,7 @@ def _task_option(task_cls: type[Task]) -> Callable[[str], tuple[str, Any]]:
 
 
 def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
     try:
         value = int(text)
     except ValueError:
