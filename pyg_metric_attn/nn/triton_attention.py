@@ -163,10 +163,10 @@ def _require_triton() -> None:
 # --------------------------------------------------------------------------
 
 def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
-                OUT, LSE, H, D, C, seed, p_drop, drop_scale, qk_scale,
+                OUT, LSE, MEAN, H, D, C, seed, p_drop, drop_scale, qk_scale,
                 DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
-                WIDE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_C: tl.constexpr):
+                WIDE: tl.constexpr, NEED_MEAN: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     it = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(SCHED + it)
@@ -183,6 +183,7 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
         q = q.to(tl.float32)
         m_i = tl.full([], float('-inf'), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
+        ms_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_C], tl.float32)
         for e0 in range(lo, hi, BLOCK_E):
             e = e0 + tl.arange(0, BLOCK_E)
@@ -192,10 +193,11 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
                          mask=emask[:, None] & dmask[None, :], other=0.0)
             kv = kv.to(tl.float32)
             if DOT:
-                s = tl.sum(q[None, :] * kv, 1) * scale
+                s0 = tl.sum(q[None, :] * kv, 1) * scale
             else:
                 diff = q[None, :] - kv
-                s = -tl.sum(diff * diff, 1) * scale
+                s0 = -tl.sum(diff * diff, 1) * scale
+            s = s0
             if HAS_BIAS:
                 s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
             s = tl.where(emask, s, float('-inf'))
@@ -204,6 +206,8 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
             p = tl.exp(s - m_use)
             corr = tl.exp(m_i - m_use)
             l_i = l_i * corr + tl.sum(p, 0)
+            if NEED_MEAN:
+                ms_i = ms_i * corr + tl.sum(p * s0, 0)
             if DROPOUT:
                 off = e.to(tl.int64) * H + h
                 if not WIDE:
@@ -221,14 +225,17 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
                      (acc * inv_l).to(OUT.dtype.element_ty), mask=cmask)
             tl.store(LSE + row * H + h,
                      tl.where(l_i > 0.0, m_i + tl.log(l_safe), float('-inf')))
+            if NEED_MEAN:
+                tl.store(MEAN + row * H + h, ms_i * inv_l)
         else:
-            tl.store(PART_ML + (slot * H + h) * 2, m_i)
-            tl.store(PART_ML + (slot * H + h) * 2 + 1, l_i)
+            tl.store(PART_ML + (slot * H + h) * 3, m_i)
+            tl.store(PART_ML + (slot * H + h) * 3 + 1, l_i)
+            tl.store(PART_ML + (slot * H + h) * 3 + 2, ms_i)
             tl.store(PART_ACC + (slot * H + h) * C + offs_c, acc, mask=cmask)
 
 
-def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, H, C,
-                        BLOCK_C: tl.constexpr):
+def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, MEAN, H, C,
+                        NEED_MEAN: tl.constexpr, BLOCK_C: tl.constexpr):
     sid = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(SPLIT + sid)
@@ -239,10 +246,12 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, H, C,
         cmask = offs_c < C
         m_i = tl.full([], float('-inf'), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
+        ms_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_C], tl.float32)
         for slot in range(lo, hi):
-            m_c = tl.load(PART_ML + (slot * H + h) * 2)
-            l_c = tl.load(PART_ML + (slot * H + h) * 2 + 1)
+            m_c = tl.load(PART_ML + (slot * H + h) * 3)
+            l_c = tl.load(PART_ML + (slot * H + h) * 3 + 1)
+            ms_c = tl.load(PART_ML + (slot * H + h) * 3 + 2)
             a_c = tl.load(PART_ACC + (slot * H + h) * C + offs_c, mask=cmask,
                           other=0.0)
             m_new = tl.maximum(m_i, m_c)
@@ -250,6 +259,7 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, H, C,
             f_old = tl.exp(m_i - m_use)
             f_new = tl.exp(m_c - m_use)
             l_i = l_i * f_old + l_c * f_new
+            ms_i = ms_i * f_old + ms_c * f_new
             acc = acc * f_old + a_c * f_new
             m_i = m_new
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -258,6 +268,8 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, H, C,
                  (acc * inv_l).to(OUT.dtype.element_ty), mask=cmask)
         tl.store(LSE + row * H + h,
                  tl.where(l_i > 0.0, m_i + tl.log(l_safe), float('-inf')))
+        if NEED_MEAN:
+            tl.store(MEAN + row * H + h, ms_i * inv_l)
 
 
 def _sum_kernel(SPLIT, n_split, PART, OUT, H, W, BLOCK_W: tl.constexpr):
@@ -315,7 +327,8 @@ def _weights_kernel(Q, K, BIAS, TS, ROW, COL, LSE, WEIGHTS, E, H, D,
     tl.store(WEIGHTS + e * H + h, p.to(WEIGHTS.dtype.element_ty), mask=emask)
 
 
-def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, DELTA, DOUT, GW,
+def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
+                     DOUT, GW,
                      DQ, PART_DQ, DB, DT_PART, DK, DV,
                      H, D, C, seed, p_drop, drop_scale, qk_scale,
                      DOT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GW: tl.constexpr,
@@ -343,6 +356,8 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, DELTA, DOUT, G
         lse = tl.load(LSE + row * H + h)
         lse = tl.where(lse == float('-inf'), 0.0, lse)
         delta = tl.load(DELTA + row * H + h)
+        if NEED_DT:
+            s_mean = tl.load(MEAN + row * H + h)
         dq = tl.zeros([BLOCK_D], tl.float32)
         dt = tl.zeros([BLOCK_E], tl.float32)
         for e0 in range(lo, hi, BLOCK_E):
@@ -379,7 +394,7 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, DELTA, DOUT, G
             if NEED_DB:
                 tl.store(DB + e * H + h, ds.to(DB.dtype.element_ty), mask=emask)
             if NEED_DT:
-                dt += ds * s0
+                dt += ds * (s0 - s_mean)
             if DOT:
                 dq += tl.sum(ds[:, None] * kv, 0) * scale
             else:
@@ -617,6 +632,7 @@ class _Config:
     seed: int
     need_weights: bool
     deterministic: bool
+    need_mean: bool  # the time scale needs a gradient: keep the mean logit
     block_e: int
     block_d: int
     block_c: int
@@ -637,7 +653,8 @@ def _qk_scale(cfg: _Config, dim: int) -> float:
 
 def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
              edge_bias: Tensor | None, graph: _Graph, cfg: _Config
-             ) -> tuple[Tensor, Tensor, Tensor | None]:
+             ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """``(out, lse, mean logit or None, weights or None)``."""
     kern = _kernels()
     n_dst, heads, dim = query.shape
     channels = value.size(-1)
@@ -647,24 +664,26 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
     if n_dst == 0:
         if cfg.need_weights:
             weights = value.new_empty(0, heads)
-        return out, lse, weights
+        return out, lse, None, weights
     rows = graph.rows
     f32 = dict(device=query.device, dtype=torch.float32)
-    part_ml = torch.empty(rows.n_slots, heads, 2, **f32)
+    part_ml = torch.empty(rows.n_slots, heads, 3, **f32)
+    need_mean = cfg.need_mean
+    mean = query.new_empty(n_dst, heads, dtype=torch.float32) if need_mean else lse
     part_acc = torch.empty(rows.n_slots, heads, channels, **f32)
     bias = edge_bias if edge_bias is not None else ts  # dummy pointer
     qk = _qk_scale(cfg, dim)
     kern['fwd'][(rows.n_items, heads)](
         query, key, value, bias, ts, graph.col, rows.items, rows.n_items,
-        part_ml, part_acc, out, lse, heads, dim, channels,
+        part_ml, part_acc, out, lse, mean, heads, dim, channels,
         cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
         DOT=cfg.dot, HAS_BIAS=edge_bias is not None, DROPOUT=cfg.dropout_p > 0,
-        WIDE=cfg.wide, BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d,
+        WIDE=cfg.wide, NEED_MEAN=need_mean, BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d,
         BLOCK_C=cfg.block_c, num_warps=NUM_WARPS)
     if rows.n_split > 0:
         kern['combine_fwd'][(rows.n_split, heads)](
-            rows.split, rows.n_split, part_ml, part_acc, out, lse, heads, channels,
-            BLOCK_C=cfg.block_c, num_warps=NUM_WARPS)
+            rows.split, rows.n_split, part_ml, part_acc, out, lse, mean, heads,
+            channels, NEED_MEAN=need_mean, BLOCK_C=cfg.block_c, num_warps=NUM_WARPS)
     if cfg.need_weights:
         num_edges = graph.num_edges
         weights = value.new_empty(num_edges, heads)
@@ -675,7 +694,7 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
                 DOT=cfg.dot, HAS_BIAS=edge_bias is not None,
                 DROPOUT=cfg.dropout_p > 0, WIDE=cfg.wide, BLOCK_E=cfg.block_e,
                 BLOCK_D=cfg.block_d, num_warps=NUM_WARPS)
-    return out, lse, weights
+    return out, lse, mean if need_mean else None, weights
 
 
 def _row_sums(values: Tensor, rowptr: Tensor) -> Tensor:
@@ -686,9 +705,11 @@ def _row_sums(values: Tensor, rowptr: Tensor) -> Tensor:
 
 def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Tensor,
               value: Tensor, ts: Tensor, edge_bias: Tensor | None, out: Tensor,
-              lse: Tensor, weights: Tensor | None, graph: _Graph, cfg: _Config,
+              lse: Tensor, mean: Tensor | None, weights: Tensor | None,
+              graph: _Graph, cfg: _Config,
               need: tuple[bool, bool, bool, bool, bool]):
     need_q, need_k, need_v, need_t, need_b = need
+    need_t = need_t and mean is not None
     kern = _kernels()
     n_dst, heads, dim = query.shape
     n_src = key.size(0)
@@ -726,8 +747,9 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
     blocks = dict(BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, BLOCK_C=cfg.block_c,
                   num_warps=NUM_WARPS)
     kern['bwd_rows'][(rows.n_items, heads)](
-        query, key, value, bias, ts, graph.col, rows.items, rows.n_items, lse, delta,
-        dout, gw, dq, part_dq, db if need_b else ts, dt_part, dk32, dv32,
+        query, key, value, bias, ts, graph.col, rows.items, rows.n_items, lse,
+        mean if need_t else lse, delta, dout, gw, dq, part_dq,
+        db if need_b else ts, dt_part, dk32, dv32,
         heads, dim, channels, cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
         NEED_DB=need_b, NEED_DT=need_t, ATOMIC_KV=atomic, **flags, **blocks)
     if rows.n_split > 0:
@@ -763,10 +785,12 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
 class _TritonMetricAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, ts, edge_bias, graph, cfg):
-        out, lse, weights = _forward(query, key, value, ts, edge_bias, graph, cfg)
+        out, lse, mean, weights = _forward(query, key, value, ts, edge_bias, graph,
+                                           cfg)
         ctx.graph = graph
         ctx.cfg = cfg
-        ctx.save_for_backward(query, key, value, ts, edge_bias, out, lse, weights)
+        ctx.save_for_backward(query, key, value, ts, edge_bias, out, lse, mean,
+                              weights)
         ctx.mark_non_differentiable(lse)
         if weights is None:
             weights = value.new_empty(0)
@@ -775,7 +799,7 @@ class _TritonMetricAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse, dweights):
-        query, key, value, ts, edge_bias, out, lse, weights = ctx.saved_tensors
+        query, key, value, ts, edge_bias, out, lse, mean, weights = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         if not ctx.cfg.need_weights:
@@ -784,7 +808,7 @@ class _TritonMetricAttention(torch.autograd.Function):
                 ctx.needs_input_grad[2], ctx.needs_input_grad[3],
                 ctx.needs_input_grad[4])
         dq, dk, dv, dt, db = _backward(dout, dweights, query, key, value, ts,
-                                       edge_bias, out, lse, weights, ctx.graph,
+                                       edge_bias, out, lse, mean, weights, ctx.graph,
                                        ctx.cfg, need)
         return (dq if need[0] else None, dk if need[1] else None,
                 dv if need[2] else None, dt if need[3] else None,
@@ -869,8 +893,9 @@ def _attention(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor,
     rowptr64 = rowptr.long().contiguous()
     graph = _Graph(rowptr64, col.contiguous(), n_src, chunk,
                    _schedule(rowptr64, num_edges, chunk) if n_dst > 0 else None)
+    need_mean = ts.requires_grad and torch.is_grad_enabled()
     cfg = _Config(metric, float(dropout_p), seed, need_weights, deterministic,
-                  block_e, block_d, block_c, wide=num_edges * heads >= 2**31)
+                  need_mean, block_e, block_d, block_c, wide=num_edges * heads >= 2**31)
     out, lse, weights = _TritonMetricAttention.apply(
         query.contiguous(), key.contiguous(), value.contiguous(), ts, edge_bias,
         graph, cfg)
