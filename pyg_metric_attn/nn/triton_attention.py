@@ -509,6 +509,48 @@ def _kernels() -> dict:
     return _KERNELS[mode]
 
 
+def _compile_check(capability: int = 90, dtype: str = 'bf16') -> int:
+    """Compile every kernel (flags all on, then all off) to a cubin for CUDA
+    compute capability ``capability`` without a GPU (ptxas ships with triton);
+    returns the number of variants compiled. Run with TRITON_INTERPRET unset."""
+    import inspect
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    index = {'COL', 'SCHED', 'SPLIT', 'ROW', 'CSC_ROW', 'CSC_EDGE'}
+    fp32 = {'LSE', 'MEAN', 'DELTA', 'TS', 'PART_ML', 'PART_ACC', 'PART', 'PART_DQ',
+            'PART_DK', 'PART_DV', 'DT_PART'}
+    scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64',
+               'n_items': 'i64', 'n_split': 'i64', 'seed': 'i32', 'p_drop': 'fp32',
+               'drop_scale': 'fp32', 'qk_scale': 'fp32'}
+    blocks = {'BLOCK_E': 32, 'BLOCK_D': 16, 'BLOCK_C': 64, 'BLOCK_W': 16}
+    target = GPUTarget('cuda', capability, 32)
+    count = 0
+    for name, fn in _KERNEL_FUNCTIONS.items():
+        kernel = triton.jit(fn)
+        for flag in (True, False):
+            signature, constexprs = {}, {}
+            for param, spec in inspect.signature(fn).parameters.items():
+                if param in scalars:
+                    signature[param] = scalars[param]
+                elif 'constexpr' in str(spec.annotation):
+                    signature[param] = 'constexpr'
+                    constexprs[param] = blocks.get(param, flag)
+                elif param in index:
+                    signature[param] = '*i64'
+                elif param in fp32 or (name == 'bwd_rows' and param in ('DK', 'DV')):
+                    signature[param] = '*fp32'
+                else:
+                    signature[param] = '*' + dtype
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
+                                                constexprs=constexprs),
+                                      target=target)
+            assert 'cubin' in compiled.asm
+            count += 1
+    return count
+
+
 # --------------------------------------------------------------------------
 # Scheduling (torch ops on the graph's device; no host synchronisation)
 # --------------------------------------------------------------------------
