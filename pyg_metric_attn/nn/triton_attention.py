@@ -31,6 +31,16 @@ accumulator :math:`\sum_j e^{s_{ij}-m} z_{ij} v_j`. It writes ``out``
 edges give ``out = 0`` and ``lse = -inf``; a row whose logits are all ``-inf``
 (e.g. an edge bias of ``-inf``) also gives 0, never NaN.
 
+**Grid and block sizes.** Forward, CSR backward: grid ``(work items, H)``;
+CSC backward: the same over source columns; weights: ``(cdiv(E, BLOCK_E),
+H)``; combines: ``(split rows, H)``. ``BLOCK_D``, ``BLOCK_C``: ``D``, ``C``
+rounded up to a power of two (>= 16; masked). ``BLOCK_E``: the mean degree
+``E / N_dst`` (known on the host) rounded up to a power of two, clamped to
+``[16, 64]`` and to ``4096 / max(BLOCK_D, BLOCK_C)`` so a ``[BLOCK_E, BLOCK_D]``
+tile stays in registers; ``num_warps`` 4 for tiles of >= 2048 elements, else 2.
+These are design choices, untuned on a GPU (module constants ``BLOCK_E``,
+``ROW_CHUNK``, ``NUM_WARPS`` override them).
+
 **Long rows (skewed degrees).** A row is cut into chunks of at most
 ``ROW_CHUNK`` edges (default 1024); each chunk is its own work item, so a
 hub of degree :math:`10^6` runs on ~1000 programs instead of serialising one.
@@ -121,6 +131,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 try:  # triton is an optional dependency: pip install pyg-metric-attn[gpu]
     import triton
@@ -136,12 +147,13 @@ __all__ = ['triton_metric_attention', 'HAVE_TRITON']
 METRICS = ('metric', 'l2', 'dot')
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-#: Edges per inner iteration; ``None``: chosen from the head widths.
+#: Edges per inner iteration; ``None``: the mean degree rounded up to a power
+#: of two, clamped to [16, 64] and to 4096 / max(BLOCK_D, BLOCK_C).
 BLOCK_E: int | None = None
 #: Longest run of edges one program handles; longer rows and columns are split.
 ROW_CHUNK: int = 1024
-#: Warps per program.
-NUM_WARPS: int = 4
+#: Warps per program; ``None``: 4 for tiles of >= 2048 elements, else 2.
+NUM_WARPS: int | None = None
 
 
 def _interpret() -> bool:
@@ -675,6 +687,7 @@ class _Config:
     need_weights: bool
     deterministic: bool
     need_mean: bool  # the time scale needs a gradient: keep the mean logit
+    num_warps: int
     block_e: int
     block_d: int
     block_c: int
@@ -721,11 +734,11 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
         cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
         DOT=cfg.dot, HAS_BIAS=edge_bias is not None, DROPOUT=cfg.dropout_p > 0,
         WIDE=cfg.wide, NEED_MEAN=need_mean, BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d,
-        BLOCK_C=cfg.block_c, num_warps=NUM_WARPS)
+        BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
     if rows.n_split > 0:
         kern['combine_fwd'][(rows.n_split, heads)](
             rows.split, rows.n_split, part_ml, part_acc, out, lse, mean, heads,
-            channels, NEED_MEAN=need_mean, BLOCK_C=cfg.block_c, num_warps=NUM_WARPS)
+            channels, NEED_MEAN=need_mean, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
     if cfg.need_weights:
         num_edges = graph.num_edges
         weights = value.new_empty(num_edges, heads)
@@ -735,7 +748,7 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
                 num_edges, heads, dim, cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
                 DOT=cfg.dot, HAS_BIAS=edge_bias is not None,
                 DROPOUT=cfg.dropout_p > 0, WIDE=cfg.wide, BLOCK_E=cfg.block_e,
-                BLOCK_D=cfg.block_d, num_warps=NUM_WARPS)
+                BLOCK_D=cfg.block_d, num_warps=cfg.num_warps)
     return out, lse, mean if need_mean else None, weights
 
 
@@ -777,7 +790,7 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
     gw = grad_weights if has_gw else ts
     rows = graph.rows
     part_dq = torch.empty(rows.n_slots, heads, dim, **f32)
-    dt_part = torch.zeros(rows.n_items, heads, **f32)
+    dt_part = torch.zeros(rows.n_items, heads, **f32) if need_t else ts
     atomic = not cfg.deterministic and (need_k or need_v)
     if atomic:
         dk32 = torch.zeros(n_src, heads, dim, **f32)
@@ -787,7 +800,7 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
     flags = dict(DOT=cfg.dot, HAS_BIAS=edge_bias is not None, HAS_GW=has_gw,
                  DROPOUT=cfg.dropout_p > 0, WIDE=cfg.wide)
     blocks = dict(BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, BLOCK_C=cfg.block_c,
-                  num_warps=NUM_WARPS)
+                  num_warps=cfg.num_warps)
     kern['bwd_rows'][(rows.n_items, heads)](
         query, key, value, bias, ts, graph.col, rows.items, rows.n_items, lse,
         mean if need_t else lse, delta, dout, gw, dq, part_dq,
@@ -797,7 +810,7 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
     if rows.n_split > 0:
         kern['sum'][(rows.n_split, heads)](
             rows.split, rows.n_split, part_dq, dq, heads, dim,
-            BLOCK_W=cfg.block_d, num_warps=NUM_WARPS)
+            BLOCK_W=cfg.block_d, num_warps=cfg.num_warps)
     if need_t:
         dt = (-dt_part.sum() / ts).to(ts.dtype)
     if atomic:
@@ -817,10 +830,10 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
         if cols.n_split > 0:
             kern['sum'][(cols.n_split, heads)](
                 cols.split, cols.n_split, part_dk, dk, heads, dim,
-                BLOCK_W=cfg.block_d, num_warps=NUM_WARPS)
+                BLOCK_W=cfg.block_d, num_warps=cfg.num_warps)
             kern['sum'][(cols.n_split, heads)](
                 cols.split, cols.n_split, part_dv, dv, heads, channels,
-                BLOCK_W=cfg.block_c, num_warps=NUM_WARPS)
+                BLOCK_W=cfg.block_c, num_warps=cfg.num_warps)
     return dq, dk, dv, dt, db
 
 
@@ -840,6 +853,7 @@ class _TritonMetricAttention(torch.autograd.Function):
         return out, lse, weights
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, _dlse, dweights):
         query, key, value, ts, edge_bias, out, lse, mean, weights = ctx.saved_tensors
         if dout is None:
@@ -930,14 +944,19 @@ def _attention(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor,
     seed = 0 if seed is None else int(seed) % (2**31 - 1)
 
     block_d, block_c = _pow2(dim), _pow2(value.size(-1))
-    block_e = BLOCK_E or min(64, max(16, 4096 // max(block_d, block_c)))
+    width = max(block_d, block_c)
+    mean_degree = num_edges / max(n_dst, 1)
+    block_e = BLOCK_E or max(16, min(64, 4096 // width,
+                                     triton.next_power_of_2(math.ceil(mean_degree))))
+    num_warps = NUM_WARPS or (4 if block_e * width >= 2048 else 2)
     chunk = max(ROW_CHUNK, block_e)
     rowptr64 = rowptr.long().contiguous()
     graph = _Graph(rowptr64, col.contiguous(), n_src, chunk,
                    _schedule(rowptr64, num_edges, chunk) if n_dst > 0 else None)
     need_mean = ts.requires_grad and torch.is_grad_enabled()
     cfg = _Config(metric, float(dropout_p), seed, need_weights, deterministic,
-                  need_mean, block_e, block_d, block_c, wide=num_edges * heads >= 2**31)
+                  need_mean, num_warps, block_e, block_d, block_c,
+                  wide=num_edges * heads >= 2**31)
     out, lse, weights = _TritonMetricAttention.apply(
         query.contiguous(), key.contiguous(), value.contiguous(), ts, edge_bias,
         graph, cfg)
