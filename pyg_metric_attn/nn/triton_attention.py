@@ -120,8 +120,15 @@ with no tensor-core use (sparse rows give no dense tile). ``time_scale`` is
 read from device memory, never synchronised. Kernels are built on first use:
 ``TRITON_INTERPRET=1`` must be set before the first call (not necessarily
 before importing triton) to run on CPU tensors in Triton's interpreter.
-Only Triton language features present since triton 3.0 are used
-(``tl.rand``, ``tl.atomic_add``, runtime loop bounds, ``if`` on scalars).
+Only long-standing Triton language features are used (``tl.rand``,
+``tl.atomic_add``, runtime loop bounds, ``if`` on scalars): every kernel
+compiles to an sm_90 cubin with triton 3.6.0 and 3.9.0
+(:func:`_compile_check`, no GPU needed). The *interpreter* of triton 3.6
+cannot run them under numpy >= 2.4 (a loaded loop bound becomes
+``int(1-element array)``); triton 3.9's can. Not checked, to avoid a
+device-to-host sync: that ``col`` lies in ``[0, N_src)`` and that
+``rowptr`` is non-decreasing from 0 to ``E``. No autocast handling: pass
+``query``, ``key``, ``value`` in one dtype. No double backward.
 """
 from __future__ import annotations
 
