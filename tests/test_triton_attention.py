@@ -1,0 +1,413 @@
+"""The Triton sparse metric-attention kernels against a float64 plain-torch
+reference (gathered differences, PyG softmax, scatter-add): outputs, lse,
+weights and every gradient. Without CUDA the kernels run in Triton's
+interpreter (TRITON_INTERPRET=1), so the graphs are tiny."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported anywhere below
+    os.environ['TRITON_INTERPRET'] = '1'
+
+triton = pytest.importorskip('triton', reason='triton is not installed (pip '
+                             'install pyg-metric-attn[gpu])')
+
+
+def _version(text):
+    return tuple(int(part) for part in text.split('+')[0].split('.')[:2])
+
+
+if os.environ.get('TRITON_INTERPRET') == '1' and _version(triton.__version__) < (3, 9) \
+        and _version(np.__version__) >= (2, 4):
+    # Seen with triton 3.6: its interpreter turns a loaded scalar used as a loop
+    # bound into int(1-element array), an error since numpy 2.4. Compiled (GPU)
+    # kernels are unaffected; the interpreter of triton 3.9 runs them.
+    pytest.skip(f'the interpreter of triton {triton.__version__} cannot run '
+                f'these kernels under numpy {np.__version__} (use triton >= 3.9, '
+                'or a GPU)', allow_module_level=True)
+
+from torch_geometric.utils import scatter, softmax  # noqa: E402
+
+from pyg_metric_attn.nn import triton_attention as ta  # noqa: E402
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+METRICS = ['metric', 'l2', 'dot']
+
+
+# ---------------------------------------------------------------- helpers
+
+def messy_csr(num_dst, num_src, generator, p=0.3, isolated=2):
+    """A destination-sorted CSR graph with isolated rows (the last
+    ``isolated``), duplicate edges, self-loops and unsorted columns."""
+    live = num_dst - isolated
+    mask = torch.rand(live, num_src, generator=generator) < p
+    dst, src = mask.nonzero(as_tuple=True)
+    dup = torch.arange(0, dst.numel(), 5)
+    loops = torch.arange(0, min(live, num_src), 2)
+    dst = torch.cat([dst, dst[dup], loops])
+    src = torch.cat([src, src[dup], loops])
+    shuffle = torch.randperm(dst.numel(), generator=generator)
+    dst, src = dst[shuffle], src[shuffle]
+    order = torch.sort(dst, stable=True).indices
+    dst, src = dst[order], src[order]
+    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
+    return rowptr.to(DEVICE), src.to(DEVICE)
+
+
+def inputs(num_dst, num_src, heads, dim, channels, num_edges, generator,
+           dtype=torch.float32, offset=0.0):
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to(DEVICE, dtype)
+    q = rand(num_dst, heads, dim) + offset
+    k = rand(num_src, heads, dim) + offset
+    v = rand(num_src, heads, channels)
+    b = rand(num_edges, heads)
+    return q, k, v, b
+
+
+def reference(q, k, v, rowptr, col, metric, t, bias=None, keep_scale=None):
+    """float64 plain-torch metric-attention: (out, lse, weights)."""
+    n = rowptr.numel() - 1
+    row = torch.repeat_interleave(torch.arange(n, device=rowptr.device),
+                                  rowptr.diff())
+    if metric == 'dot':
+        s = (q[row] * k[col]).sum(-1) / (math.sqrt(q.size(-1)) * t)
+    else:
+        s = -(q[row] - k[col]).square().sum(-1) / t
+    if bias is not None:
+        s = s + bias
+    alpha = softmax(s, row, num_nodes=n)
+    m = scatter(s.detach(), row, 0, dim_size=n, reduce='max')
+    lse = m + scatter((s - m[row]).exp(), row, 0, dim_size=n, reduce='sum').log()
+    w = alpha if keep_scale is None else alpha * keep_scale
+    out = scatter(w.unsqueeze(-1) * v[col], row, 0, dim_size=n, reduce='sum')
+    return out, lse, w
+
+
+def leaves(*tensors, dtype=None):
+    return [t.detach().to(dtype or t.dtype).requires_grad_() for t in tensors]
+
+
+def assert_close(actual, expected, rtol=1e-5, name=''):
+    """Relative agreement: elementwise rtol, plus rtol times the largest
+    reference magnitude as the absolute floor (for entries near zero)."""
+    expected = expected.detach().double()
+    actual = actual.detach().double()
+    finite = expected.isfinite()
+    assert torch.equal(finite, actual.isfinite()), name
+    atol = rtol * float(expected[finite].abs().max()) if finite.any() else 0.0
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol,
+                               atol=atol, msg=lambda m: f'{name}: {m}')
+    assert torch.equal(actual[~finite], expected[~finite]), name
+
+
+def check_against_reference(metric, rowptr, col, q, k, v, bias, t, *,
+                            rtol=1e-5, deterministic=True, dropout_p=0.0,
+                            seed=None, grad_weights=True):
+    """Run kernel and reference with all inputs requiring grad; compare
+    outputs, lse, weights and the gradients of a loss through out and weights."""
+    gen = torch.Generator().manual_seed(123)
+    has_t = isinstance(t, torch.Tensor)
+    q1, k1, v1 = leaves(q, k, v)
+    b1 = leaves(bias)[0] if bias is not None else None
+    t1 = leaves(t)[0] if has_t else t
+    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, metric, t1, b1,
+                                dropout_p=dropout_p, seed=seed, need_weights=True,
+                                deterministic=deterministic)
+    assert out.dtype == q.dtype and w.dtype == q.dtype and lse.dtype == torch.float32
+    assert out.shape == (q.size(0), q.size(1), v.size(-1))
+    assert w.shape == (col.numel(), q.size(1))
+    assert not out.isnan().any() and not w.isnan().any()
+
+    q2, k2, v2 = leaves(q, k, v, dtype=torch.float64)
+    b2 = leaves(bias, dtype=torch.float64)[0] if bias is not None else None
+    t2 = leaves(t, dtype=torch.float64)[0] if has_t else t
+    keep_scale = None
+    if dropout_p > 0:  # the reference drops exactly the edges the kernel dropped
+        keep_scale = (w != 0).double() / (1 - dropout_p)
+    out2, lse2, w2 = reference(q2, k2, v2, rowptr, col, metric, t2, b2, keep_scale)
+    assert_close(out, out2, rtol, 'out')
+    assert_close(lse, lse2, rtol, 'lse')
+    assert_close(w, w2, rtol, 'weights')
+
+    g_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    g_w = torch.randn(w.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+    loss1 = (out.double() * g_out).sum()
+    loss2 = (out2 * g_out).sum()
+    if grad_weights:
+        loss1 = loss1 + (w.double() * g_w).sum()
+        loss2 = loss2 + (w2 * g_w).sum()
+    names = ['query', 'key', 'value'] + (['edge_bias'] if bias is not None else []) \
+        + (['time_scale'] if has_t else [])
+    mine = [x for x in (q1, k1, v1, b1, t1 if has_t else None) if x is not None]
+    theirs = [x for x in (q2, k2, v2, b2, t2 if has_t else None) if x is not None]
+    grads1 = torch.autograd.grad(loss1, mine)
+    grads2 = torch.autograd.grad(loss2, theirs)
+    for name, g1, g2, x in zip(names, grads1, grads2, mine, strict=True):
+        assert g1.dtype == x.dtype and g1.shape == x.shape, name
+        assert_close(g1, g2, rtol, f'grad {name}')
+    return out, w, grads1
+
+
+# ---------------------------------------------------------------- tests
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_matches_reference(metric):
+    """Heads, non-power-of-two D and C, edge bias, learned time scale,
+    bipartite, isolated rows, duplicates, self-loops, weight gradients."""
+    gen = torch.Generator().manual_seed(0)
+    rowptr, col = messy_csr(9, 7, gen)
+    q, k, v, b = inputs(9, 7, 3, 5, 6, col.numel(), gen)
+    out, _, _ = check_against_reference(metric, rowptr, col, q, k, v, b,
+                                        torch.tensor(0.7))
+    assert torch.equal(out[-2:], torch.zeros_like(out[-2:]))  # isolated rows
+
+
+def test_no_bias_float_time_scale_one_head():
+    gen = torch.Generator().manual_seed(1)
+    rowptr, col = messy_csr(6, 6, gen, p=0.5, isolated=1)
+    q, k, v, _ = inputs(6, 6, 1, 3, 1, col.numel(), gen)
+    check_against_reference('metric', rowptr, col, q, k, v, None, 2.5,
+                            grad_weights=False)
+    check_against_reference('dot', rowptr, col, q, k, v, None, 1.0)
+
+
+def test_public_entry_point():
+    gen = torch.Generator().manual_seed(2)
+    rowptr, col = messy_csr(5, 4, gen, p=0.6)
+    q, k, v, _ = inputs(5, 4, 2, 4, 3, col.numel(), gen)
+    args = (q, k, v, rowptr, col)
+    out, w = ta.triton_metric_attention(*args)
+    assert w is None
+    out2, w2 = ta.triton_metric_attention(*args, need_weights=True)
+    assert torch.equal(out, out2) and w2.shape == (col.numel(), 2)
+    out3, _ = ta.triton_metric_attention(*args[:3], rowptr.int(), col.int())
+    assert torch.equal(out, out3)  # int32 CSR
+    ref, _, _ = reference(q.double(), k.double(), v.double(), rowptr, col,
+                          'metric', 1.0)
+    assert_close(out, ref)
+
+
+def test_empty_graphs():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, _ = inputs(4, 3, 2, 3, 5, 0, gen)
+    q1, k1, v1 = leaves(q, k, v)
+    t = torch.tensor(1.5, device=DEVICE, requires_grad=True)
+    bias = torch.zeros(0, 2, device=DEVICE, requires_grad=True)
+    rowptr = torch.zeros(5, dtype=torch.long, device=DEVICE)
+    col = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, time_scale=t,
+                                edge_bias=bias, need_weights=True)
+    assert not out.any() and out.shape == (4, 2, 5) and w.shape == (0, 2)
+    assert (lse == float('-inf')).all()
+    grads = torch.autograd.grad(out.sum() + w.sum(), (q1, k1, v1, t, bias))
+    assert all(not g.any() for g in grads)
+    # no destination at all
+    out, w = ta.triton_metric_attention(q1[:0], k1, v1, rowptr[:1], col,
+                                        need_weights=True)
+    assert out.shape == (0, 2, 5) and w.shape == (0, 2)
+    out.sum().backward()
+
+
+def test_rows_masked_by_infinite_bias_give_zero_not_nan():
+    gen = torch.Generator().manual_seed(4)
+    rowptr, col = messy_csr(6, 5, gen, p=0.6, isolated=0)
+    q, k, v, b = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    b[rowptr[1]:rowptr[2], 0] = float('-inf')  # row 1, head 0 fully masked
+    q1, k1, v1, b1 = leaves(q, k, v, b)
+    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, edge_bias=b1,
+                                need_weights=True)
+    assert not out[1, 0].any() and lse[1, 0] == float('-inf')
+    assert not out.isnan().any() and not w.isnan().any()
+    grads = torch.autograd.grad(out.square().sum(), (q1, k1, v1, b1))
+    assert not any(g.isnan().any() for g in grads)
+
+
+def test_dropout_mask_and_gradients():
+    gen = torch.Generator().manual_seed(5)
+    rowptr, col = messy_csr(10, 8, gen, p=0.6)
+    q, k, v, b = inputs(10, 8, 2, 4, 3, col.numel(), gen)
+    p = 0.4
+    _, w, grads = check_against_reference('metric', rowptr, col, q, k, v, b,
+                                          torch.tensor(1.2), dropout_p=p, seed=7)
+    _, _, alpha = reference(q.double(), k.double(), v.double(), rowptr, col,
+                            'metric', 1.2, b.double())
+    scaled = w.double() * (1 - p)
+    dropped = scaled == 0
+    assert_close(scaled[~dropped], alpha[~dropped])
+    assert 0.2 < dropped.double().mean() < 0.6
+    # same seed: same mask (and weights); other seed: another mask; atomic path
+    # reproduces the forward mask in its backward too
+    _, w_again, _ = check_against_reference('metric', rowptr, col, q, k, v, b,
+                                            torch.tensor(1.2), dropout_p=p,
+                                            seed=7, deterministic=False)
+    assert torch.equal(w, w_again)
+    _, w_other = ta.triton_metric_attention(q, k, v, rowptr, col, edge_bias=b,
+                                            time_scale=1.2, dropout_p=p, seed=8,
+                                            need_weights=True)
+    assert not torch.equal(w_other == 0, dropped)
+    # the dropped mask differs between heads (offset e * H + h)
+    assert not torch.equal(dropped[:, 0], dropped[:, 1])
+
+
+def test_dropout_one_drops_everything():
+    gen = torch.Generator().manual_seed(6)
+    rowptr, col = messy_csr(5, 5, gen, p=0.6)
+    q, k, v, _ = inputs(5, 5, 1, 2, 2, col.numel(), gen)
+    out, w = ta.triton_metric_attention(q, k, v, rowptr, col, dropout_p=1.0,
+                                        need_weights=True)
+    assert not out.any() and not w.any()
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    """Half inputs, float32 accumulation: error at the input rounding level."""
+    gen = torch.Generator().manual_seed(7)
+    rowptr, col = messy_csr(8, 6, gen)
+    q, k, v, b = inputs(8, 6, 2, 5, 3, col.numel(), gen, dtype=dtype)
+    rtol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    check_against_reference('l2', rowptr, col, q, k, v, b, torch.tensor(0.9),
+                            rtol=rtol)
+
+
+@pytest.mark.parametrize('deterministic', [True, False])
+def test_hub_row_and_hub_source_are_split(monkeypatch, deterministic):
+    """A destination row and a source column much longer than the chunk:
+    several programs per row/column, partials combined in a second kernel."""
+    monkeypatch.setattr(ta, 'BLOCK_E', 4)
+    monkeypatch.setattr(ta, 'ROW_CHUNK', 8)
+    gen = torch.Generator().manual_seed(8)
+    num_dst, num_src = 6, 40
+    # row 2 is a hub (every source, twice: degree 80 = 10 chunks); source 0 is
+    # a hub too (every row, several times); row 5 is isolated.
+    rows = [torch.full((80,), 2), torch.tensor([0, 0, 1, 3, 3, 3, 4] * 3)]
+    cols = [torch.arange(num_src).repeat(2), torch.zeros(21, dtype=torch.long)]
+    rows.append(torch.tensor([0, 1, 1, 4]))
+    cols.append(torch.tensor([7, 3, 9, 11]))
+    dst, src = torch.cat(rows), torch.cat(cols)
+    order = torch.sort(dst, stable=True).indices
+    dst, col = dst[order], src[order]
+    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
+    colptr = torch.zeros(num_src + 1, dtype=torch.long)
+    colptr[1:] = torch.bincount(col, minlength=num_src).cumsum(0)
+    rowptr, colptr, col = rowptr.to(DEVICE), colptr.to(DEVICE), col.to(DEVICE)
+    rows = ta._schedule(rowptr, col.numel(), 8)
+    assert (rows.items[0] == 2).sum() == 10 and 2 in rows.split[0]
+    cols = ta._schedule(colptr, col.numel(), 8)
+    assert (cols.items[0] == 0).sum() == 3 and 0 in cols.split[0]
+    q, k, v, b = inputs(num_dst, num_src, 2, 3, 5, col.numel(), gen)
+    check_against_reference('metric', rowptr, col, q, k, v, b, torch.tensor(3.0),
+                            deterministic=deterministic)
+
+
+def test_far_offset_precision():
+    """Points 1e4 from the origin, close to each other: direct differences
+    keep the logits exact; the expanded form 2 q.k - |k|^2 would not."""
+    gen = torch.Generator().manual_seed(9)
+    rowptr, col = messy_csr(8, 8, gen, p=0.5)
+    q, k, v, b = inputs(8, 8, 2, 4, 3, col.numel(), gen, offset=1e4)
+    q, k = q * 1.0, k * 1.0
+    check_against_reference('metric', rowptr, col, q, k, v, b, torch.tensor(0.5))
+    # the same check fails for the expanded form in float32 (so it can fail)
+    row = torch.repeat_interleave(torch.arange(8, device=DEVICE), rowptr.diff())
+    expanded = (2 * (q[row] * k[col]).sum(-1) - k[col].square().sum(-1)
+                - q[row].square().sum(-1)) / 0.5
+    exact = -(q[row].double() - k[col].double()).square().sum(-1) / 0.5
+    assert (expanded.double() - exact).abs().max() > 1.0
+
+
+def test_deterministic_and_atomic_paths_agree():
+    gen = torch.Generator().manual_seed(10)
+    rowptr, col = messy_csr(9, 9, gen, p=0.5)
+    q, k, v, b = inputs(9, 9, 2, 3, 4, col.numel(), gen)
+    results = []
+    for det in (True, True, False):
+        q1, k1, v1, b1 = leaves(q, k, v, b)
+        t1 = torch.tensor(0.8, device=DEVICE, requires_grad=True)
+        out, w = ta.triton_metric_attention(q1, k1, v1, rowptr, col, 'dot', t1, b1,
+                                            dropout_p=0.3, seed=3, need_weights=True,
+                                            deterministic=det)
+        loss = out.square().sum() + w.sum()
+        results.append((out, w) + torch.autograd.grad(loss, (q1, k1, v1, b1, t1)))
+    for a, b_ in zip(results[0], results[1], strict=True):  # bitwise reproducible
+        assert torch.equal(a, b_)
+    for a, b_ in zip(results[0], results[2], strict=True):
+        assert_close(b_, a)
+
+
+def test_input_errors(monkeypatch):
+    gen = torch.Generator().manual_seed(11)
+    rowptr, col = messy_csr(4, 4, gen, p=0.6)
+    q, k, v, b = inputs(4, 4, 2, 3, 3, col.numel(), gen)
+    with pytest.raises(ValueError, match='Unknown metric'):
+        ta.triton_metric_attention(q, k, v, rowptr, col, metric='cos')
+    with pytest.raises(TypeError, match='dtype'):
+        ta.triton_metric_attention(q.double(), k.double(), v.double(), rowptr, col)
+    with pytest.raises(ValueError, match='edge_bias'):
+        ta.triton_metric_attention(q, k, v, rowptr, col, edge_bias=b[:, :1])
+    with pytest.raises(ValueError, match='rowptr'):
+        ta.triton_metric_attention(q, k, v, rowptr[:-1], col)
+    with pytest.raises(ValueError, match='dropout_p'):
+        ta.triton_metric_attention(q, k, v, rowptr, col, dropout_p=1.5)
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    if DEVICE == 'cpu':
+        with pytest.raises(RuntimeError, match='TRITON_INTERPRET=1'):
+            ta.triton_metric_attention(q, k, v, rowptr, col)
+
+
+def test_import_without_triton_and_clear_error():
+    """The package and this module import without triton; calling the kernel
+    then names the extra to install."""
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == 'triton' or name.startswith('triton.'):
+                    raise ImportError('blocked for the test')
+        sys.meta_path.insert(0, Block())
+        import torch
+        import pyg_metric_attn
+        from pyg_metric_attn.nn import triton_attention as ta
+        assert not ta.HAVE_TRITON
+        try:
+            ta.triton_metric_attention(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1),
+                                       torch.zeros(1, 1, 1), torch.tensor([0, 1]),
+                                       torch.tensor([0]))
+        except ImportError as error:
+            assert 'pip install pyg-metric-attn[gpu]' in str(error), error
+            print('ok')
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep
+               + os.environ.get('PYTHONPATH', ''))
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.stdout.strip() == 'ok', result.stderr[-2000:]
+
+
+def test_kernels_compile_for_h100():
+    """Every kernel (all flags on / all off) compiles to an sm_90 cubin with
+    the real compiler, not the interpreter (no GPU needed: ptxas ships with
+    triton). Catches code that only the interpreter accepts."""
+    pytest.importorskip('triton.backends.compiler')
+    code = ('from pyg_metric_attn.nn import triton_attention as ta\n'
+            "print(ta._compile_check(90, 'bf16'))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {key: value for key, value in os.environ.items()
+           if key != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = root + os.pathsep + os.environ.get('PYTHONPATH', '')
+    env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == str(2 * len(ta._KERNEL_FUNCTIONS))
