@@ -12,6 +12,8 @@ import torch._dynamo
 
 from pyg_metric_attn import MetricAttentionConv, MetricMultiheadAttention
 from pyg_metric_attn.nn.functional import dense_metric_attention
+from pyg_metric_attn.utils import denormals
+from pyg_metric_attn.utils.denormals import denormals_flushed, flush_in_backward
 
 METRICS = ['metric', 'l2', 'dot']
 SIZES = (5, 9, 13)
@@ -262,3 +264,60 @@ def test_clear_errors():
         MetricAttentionConv(8, 4).forward_point_sets(x, unsorted)
     with pytest.raises(ValueError, match="'batch' must be sorted"):
         MetricMultiheadAttention(8, 2).forward_point_sets(x, unsorted)
+
+
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_products(x):
+    """``x * 1e-19`` of ``x = 1e-20``: denormal (1e-39) unless flushed; a
+    large tensor, so both intra-op threads compute half of it."""
+    return x * 1e-19
+
+
+def test_denormals_flush_on_all_worker_threads_and_restore(two_threads):
+    x = torch.full((1 << 20,), 1e-20)
+    assert torch.all(tiny_products(x) > 0)
+    with denormals_flushed():
+        assert torch.all(tiny_products(x) == 0)  # every thread's half
+    assert torch.all(tiny_products(x) > 0)
+    with denormals_flushed(enabled=False):
+        assert torch.all(tiny_products(x) > 0)
+
+
+def test_denormals_flush_in_the_backward_of_a_marked_op(two_threads):
+    x = torch.full((1 << 20,), 1e-20, requires_grad=True)
+    gradient = torch.full_like(x, 1e-20)
+    flush_in_backward(x * 1e-19).backward(gradient)  # 1e-39 unless flushed
+    assert torch.all(x.grad == 0)
+    assert torch.all(tiny_products(x.detach()) > 0)  # restored afterwards
+    x.grad = None
+    (x * 1e-19).backward(gradient)
+    assert torch.all(x.grad > 0)
+
+
+@pytest.mark.parametrize('grad', [False, True])
+def test_flushing_changes_sdpa_results_only_below_the_normal_range(
+        two_threads, monkeypatch, grad):
+    """Unit-scale d = 64 inputs (whose weights reach the denormal range):
+    outputs and gradients with and without flushing agree to 1e-30."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 2, 300, 64, generator=g, requires_grad=grad)
+               for _ in range(3))
+
+    def run():
+        out, _ = dense_metric_attention(q, k, v, 'metric')
+        if not grad:
+            return [out]
+        return [out, *torch.autograd.grad(out.square().sum(), (q, k, v))]
+
+    flushed = run()
+    monkeypatch.setattr(denormals, '_runtime', lambda: None)
+    unflushed = run()
+    for a, b in zip(flushed, unflushed, strict=True):
+        assert (a - b).abs().max() < 1e-30

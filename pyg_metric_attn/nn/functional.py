@@ -44,6 +44,11 @@ float64, which are finite for all finite inputs but store the
 ``L_q x L_k`` matrix. Under :func:`torch.compile` this data-dependent check
 is skipped and the fused path always runs (finite only while the expanded
 logits fit in the dtype, about :math:`\|q\|^2 / t < 10^{38}` in float32).
+
+Denormals. The very negative distance logits make the softmax produce
+denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
+its backward) runs with denormals flushed to zero on the calling thread and
+all intra-op worker threads (:mod:`pyg_metric_attn.utils.denormals`).
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_metric_attn.nn.pseudo_metric import check_metric
+from pyg_metric_attn.utils.denormals import denormals_flushed, flush_in_backward
 
 # The largest estimated rounding error of a fused (SDPA) logit that is accepted;
 # above it the exact path runs (see the module docstring).
@@ -232,9 +238,12 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, scale: float | Tensor,
     if isinstance(scale, Tensor):
         # SDPA takes a float scale: fold a learned t into the query instead.
         query, scale = query * scale, 1.0
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                          dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale)
+    flush = query.device.type == 'cpu' and not torch.compiler.is_compiling()
+    with denormals_flushed(flush):
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, scale=scale)
+    return flush_in_backward(out) if flush else out
 
 
 def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,
