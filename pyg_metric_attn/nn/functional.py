@@ -31,12 +31,14 @@ Precision. Distances are translation invariant, so ``q`` and ``k`` are first
 shifted by the mean of the keys of their own softmax (each batch element and
 head), counting only keys that some query may attend to and that are finite:
 sets far apart (graphs of a mini-batch around ``+c`` and ``-c``), padding and
-a NaN or infinite point do not move another set's centre, and a non-finite
-point only reaches the queries that attend to it. Keys no query may attend to
-are zeroed. The expanded form then still rounds each logit by about
-:math:`u \sqrt{D} (\max\|q\| + \max\|k\|)^2 / t` (``u``: the unit
-roundoff of float32, or of float64 for float64 inputs; for ``'dot'``
-:math:`u \max\|q\| \max\|k\| / t`), because it cancels large terms. Where
+a NaN or infinite key do not move a centre, so a non-finite point stays in
+its own batch element (within it, a non-finite value reaches every query
+through ``weights @ value``, as in any dense attention). Keys no query may
+attend to are zeroed. The expanded form then still rounds each logit by about
+:math:`u \sqrt{D} (\max\|q\| + \max\|k\|)^2 / t` for the centred points
+(``u``: the unit roundoff of float32, or of float64 for float64 inputs; for
+``'dot'`` :math:`u \max\|q\| \max\|k\| / t`), because it cancels large
+terms. Where
 this estimate exceeds ``LOGIT_ROUNDING_TOLERANCE`` (``1e-3``; e.g. spread-out
 points, or points so large that the expanded form would overflow) the call
 takes the exact path instead: explicit logits from direct differences in
