@@ -91,8 +91,9 @@ def build(case: dict[str, Any], mode: str,
         return _graded(sparse_step, backward)
 
     shape = (case['batch'], case['heads'], case['length'], case['head_dim'])
-    q, k, v = (torch.randn(shape, generator=generator).to(device)
-               .requires_grad_(backward) for _ in range(3))
+    q, k, v = ((torch.randn(shape, generator=generator)
+                 * case.get('scale', 1.0))
+               .to(device).requires_grad_(backward) for _ in range(3))
     attention = dense_attention(case['variant'])
 
     def dense_step() -> None:
@@ -121,9 +122,11 @@ def sparse_cases(quick: bool) -> list[dict[str, Any]]:
 
 
 def dense_cases(quick: bool) -> list[dict[str, Any]]:
+    """Unit-scale inputs (``scale``: the standard deviation of q, k and v),
+    whose distance logits reach the denormal range of the softmax."""
     lengths = (256, 1024) if quick else (256, 1024, 4096)
     return [dict(suite='dense', variant=variant, length=length, batch=8,
-                 heads=8, head_dim=64)
+                 heads=8, head_dim=64, scale=1.0)
             for length in lengths for variant in DENSE_VARIANTS]
 
 

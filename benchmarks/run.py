@@ -1,6 +1,7 @@
 """Run the benchmark suites, one fresh process per configuration.
 
-    python -m benchmarks.run --suite sparse|dense|all [--quick] [--out DIR]
+    python -m benchmarks.run --suite sparse|dense|all [--quick]
+        [--lengths L ...] [--out DIR]
 
 Each (case, mode) runs ``python -m benchmarks.measure`` under a memory cap
 (``RLIMIT_AS``) and a timeout; one that runs out of either becomes an ``OOM``
@@ -94,7 +95,8 @@ def maybe_locked(path: str | None) -> Iterator[None]:
 
 def run_suite(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     make_cases, _ = SUITES[name]
-    cases = make_cases(args.quick)
+    cases = [case for case in make_cases(args.quick)
+             if args.lengths is None or case.get('length') in args.lengths]
     results = []
     with tqdm(total=len(cases) * len(MODES), desc=name, unit='run') as bar:
         for _, group in itertools.groupby(cases, key=group_key):
@@ -136,7 +138,8 @@ def markdown_table(results: list[dict[str, Any]], baseline: str,
         row = (group_key(result['case']), result['mode'])
         rows.setdefault(row, {})[result['case']['variant']] = result
     size_names = [k for k, _ in next(iter(rows))[0]
-                  if k not in ('suite', 'channels', 'batch', 'head_dim')]
+                  if k not in ('suite', 'channels', 'batch', 'head_dim',
+                               'scale')]
     header = size_names + ['mode'] + variants
     lines = ['| ' + ' | '.join(header) + ' |',
              '|' + '---|' * len(header)]
@@ -152,7 +155,8 @@ def markdown_table(results: list[dict[str, Any]], baseline: str,
 def report(name: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     _, baseline = SUITES[name]
     first = results[0]['case']
-    fixed = ', '.join(f'{k}={first[k]}' for k in ('channels', 'batch', 'head_dim')
+    fixed = ', '.join(f'{k}={first[k]}'
+                      for k in ('channels', 'batch', 'head_dim', 'scale')
                       if k in first)
     memory = ('peak GPU memory allocated, MiB' if meta['device'] != 'cpu' else
               'peak RSS over the process size after imports and inputs, MiB')
@@ -186,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--quick', action='store_true',
                         help='a small grid (sparse: 1k/10k nodes, degree 20, '
                              '4 heads; dense: L in {256, 1024})')
+    parser.add_argument('--lengths', type=int, nargs='+', default=None,
+                        help='dense: only these sequence lengths')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks' / 'results')
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--device', default='cpu')

@@ -25,10 +25,32 @@ causal), where it runs at SDPA-dot speed; training and causal calls take the
 augmented form, whose flash backward also gives the keys their gradient. Off
 CPU the augmented form always runs (GPU flash kernels take no mask), its head
 width padded to a multiple of 8; that choice is untimed (no GPU was
-available). ``q`` and ``k``
-are first centred by a common vector (distances are translation invariant),
-which keeps the expanded form free of cancellation when points sit far from
-the origin. ``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
+available). ``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
+
+Precision. Distances are translation invariant, so ``q`` and ``k`` are first
+shifted by the mean of the keys of their own softmax (each batch element and
+head), counting only keys that some query may attend to and that are finite:
+sets far apart (graphs of a mini-batch around ``+c`` and ``-c``), padding and
+a NaN or infinite key do not move a centre, so a non-finite point stays in
+its own batch element (within it, a non-finite value reaches every query
+through ``weights @ value``, as in any dense attention). Keys no query may
+attend to are zeroed. The expanded form then still rounds each logit by about
+:math:`u \sqrt{D} (\max\|q\| + \max\|k\|)^2 / t` for the centred points
+(``u``: the unit roundoff of float32, or of float64 for float64 inputs; for
+``'dot'`` :math:`u \max\|q\| \max\|k\| / t`), because it cancels large
+terms. Where
+this estimate exceeds ``LOGIT_ROUNDING_TOLERANCE`` (``1e-3``; e.g. spread-out
+points, or points so large that the expanded form would overflow) the call
+takes the exact path instead: explicit logits from direct differences in
+float64, which are finite for all finite inputs but store the
+``L_q x L_k`` matrix. Under :func:`torch.compile` this data-dependent check
+is skipped and the fused path always runs (finite only while the expanded
+logits fit in the dtype, about :math:`\|q\|^2 / t < 10^{38}` in float32).
+
+Denormals. The very negative distance logits make the softmax produce
+denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
+its backward) runs with denormals flushed to zero on the calling thread and
+all intra-op worker threads (:mod:`pyg_metric_attn.utils.denormals`).
 """
 from __future__ import annotations
 
@@ -39,26 +61,43 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_metric_attn.nn.pseudo_metric import check_metric
+from pyg_metric_attn.utils.denormals import denormals_flushed, flush_in_backward
+
+# The largest estimated rounding error of a fused (SDPA) logit that is accepted;
+# above it the exact path runs (see the module docstring).
+LOGIT_ROUNDING_TOLERANCE = 1e-3
 
 
 def attention_logits(query: Tensor, key: Tensor, metric: str,
                      time_scale: float | Tensor = 1.0) -> Tensor:
-    r"""The explicit ``[..., L_q, L_k]`` logit matrix (no masking)."""
+    r"""The explicit ``[..., L_q, L_k]`` logit matrix (no masking); distances
+    come from direct differences, so large offsets cost no precision."""
     check_metric(metric)
     if metric == 'dot':
         return query @ key.transpose(-1, -2) / (math.sqrt(query.size(-1))
                                                  * time_scale)
-    centre = key.mean(dim=-2, keepdim=True)
-    return -torch.cdist(query - centre, key - centre).square() / time_scale
+    distance = torch.cdist(query, key,
+                           compute_mode='donot_use_mm_for_euclid_dist')
+    return -distance.square() / time_scale
 
 
-def centred(query: Tensor, key: Tensor, dim: int = -2) -> tuple[Tensor, Tensor]:
+def centred(query: Tensor, key: Tensor, dim: int = -2,
+            mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Shift queries and keys by the mean key along ``dim`` (a constant for
     autograd): distances are unchanged, the expanded form
-    ``|q|^2 - 2 q.k + |k|^2`` loses no precision to large offsets."""
-    if key.size(dim) == 0:
-        return query, key
-    centre = key.detach().mean(dim=dim, keepdim=True)
+    ``|q|^2 - 2 q.k + |k|^2`` loses no precision to large offsets.
+
+    Only finite keys count (a NaN or infinite key does not move the centre),
+    and with ``mask`` (boolean, broadcastable to ``key`` with size 1 in the
+    last dimension) only the keys where it is :obj:`True`; with no key left
+    the centre is zero."""
+    key_data = key.detach()
+    counted = key_data.isfinite().all(-1, keepdim=True)
+    if mask is not None:
+        counted = counted & mask
+    count = counted.sum(dim, keepdim=True).clamp(min=1)
+    # Divide before summing: no overflow even for keys near the dtype's max.
+    centre = torch.where(counted, key_data / count, 0).sum(dim, keepdim=True)
     return query - centre, key - centre
 
 
@@ -95,20 +134,61 @@ def dense_metric_attention(
         attend to no key gets NaN, as in SDPA.
     """
     check_metric(metric)
-    if need_weights:
-        return _explicit_attention(query, key, value, metric, time_scale,
-                                   attn_mask, is_causal, dropout_p)
+    if metric != 'dot':
+        attended = _attended_keys(attn_mask)
+        query, key = centred(query, key, mask=attended)
+        if attended is not None:
+            key = torch.where(attended, key, 0)
+    exact = not (torch.compiler.is_compiling()
+                 or _fused_is_accurate(query, key, metric, time_scale))
+    if need_weights or exact:
+        out, weights = _explicit_attention(query, key, value, metric, time_scale,
+                                           attn_mask, is_causal, dropout_p, exact)
+        return out, weights if need_weights else None
     if metric == 'dot':
         scale = 1.0 / (math.sqrt(query.size(-1)) * time_scale)
         return _sdpa(query, key, value, scale, attn_mask, is_causal,
                      dropout_p), None
-
-    query, key = centred(query, key)
     if _needs_augmented_form(query, key, value, time_scale, is_causal):
         return _augmented_sdpa(query, key, value, time_scale, attn_mask,
                                is_causal, dropout_p), None
     return _key_bias_sdpa(query, key, value, time_scale, attn_mask,
                           dropout_p), None
+
+
+def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
+    """The keys some query may attend to, ``[..., L_k, 1]`` (None: all)."""
+    if attn_mask is None:
+        return None
+    allowed = (attn_mask if attn_mask.dtype == torch.bool
+               else attn_mask > float('-inf'))
+    if allowed.dim() > 1:
+        allowed = allowed.any(-2)
+    return allowed.unsqueeze(-1)
+
+
+def _fused_is_accurate(query: Tensor, key: Tensor, metric: str,
+                       time_scale: float | Tensor) -> bool:
+    """Whether the estimated rounding error of the fused logits (see the
+    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE``; norms are taken
+    in float64 over the finite points, so overflow reads as inaccurate."""
+    rounding = torch.finfo(torch.promote_types(query.dtype,
+                                               torch.float32)).eps / 2
+    query_norm, key_norm = _largest_norm(query), _largest_norm(key)
+    if metric == 'dot':
+        error = query_norm * key_norm
+    else:
+        error = math.sqrt(query.size(-1)) * (query_norm + key_norm) ** 2
+    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(float(time_scale))
+
+
+def _largest_norm(points: Tensor) -> float:
+    """The largest Euclidean norm of a finite point (rows along the last
+    dimension), in float64; 0 without any."""
+    points = points.detach()
+    norms = torch.linalg.vector_norm(points, dim=-1, dtype=torch.float64)
+    finite = torch.where(points.isfinite().all(-1), norms, 0)
+    return float(finite.max()) if finite.numel() else 0.0
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
@@ -160,9 +240,12 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, scale: float | Tensor,
     if isinstance(scale, Tensor):
         # SDPA takes a float scale: fold a learned t into the query instead.
         query, scale = query * scale, 1.0
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                          dropout_p=dropout_p,
-                                          is_causal=is_causal, scale=scale)
+    flush = query.device.type == 'cpu' and not torch.compiler.is_compiling()
+    with denormals_flushed(flush):
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, scale=scale)
+    return flush_in_backward(out) if flush else out
 
 
 def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,
@@ -184,11 +267,16 @@ def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,
 
 def _explicit_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,
                         time_scale: float | Tensor, attn_mask: Tensor | None,
-                        is_causal: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
-    logits = attention_logits(query, key, metric, time_scale)
+                        is_causal: bool, dropout_p: float,
+                        exact: bool) -> tuple[Tensor, Tensor]:
+    """Explicit logits and softmax, in float64 where ``exact`` (else in at
+    least float32); output and weights in the input dtypes."""
+    dtype = (torch.float64 if exact
+             else torch.promote_types(query.dtype, torch.float32))
+    logits = attention_logits(query.to(dtype), key.to(dtype), metric, time_scale)
     zeros = logits.new_zeros(())
     logits = logits + _combine_masks(zeros, attn_mask, is_causal, query.size(-2),
                                      key.size(-2))
     weights = torch.softmax(logits, dim=-1)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return dropped @ value, weights
+    return (dropped @ value.to(dtype)).to(value.dtype), weights.to(query.dtype)

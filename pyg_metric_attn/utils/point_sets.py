@@ -5,6 +5,16 @@ import torch
 from torch import Tensor
 
 
+def check_batch(batch: Tensor, num_nodes: int) -> None:
+    """Raise unless ``batch`` is a sorted ``[num_nodes]`` set index (points of
+    a set contiguous, as PyG batches them)."""
+    if batch.dim() != 1 or batch.numel() != num_nodes:
+        raise ValueError(f"'batch' must have shape [{num_nodes}], got "
+                         f"{list(batch.shape)}")
+    if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
+        raise ValueError("'batch' must be sorted (points of a set contiguous)")
+
+
 def fully_connected_edge_index(num_nodes: int, batch: Tensor | None = None,
                                device: torch.device | None = None) -> Tensor:
     r"""All ordered pairs :math:`(j, i)` with :math:`j, i` in the same set.
@@ -23,11 +33,7 @@ def fully_connected_edge_index(num_nodes: int, batch: Tensor | None = None,
         nodes = torch.arange(num_nodes, device=device)
         return torch.stack([nodes.repeat(num_nodes),
                             nodes.repeat_interleave(num_nodes)])
-    if batch.dim() != 1 or batch.numel() != num_nodes:
-        raise ValueError(f"'batch' must have shape [{num_nodes}], got "
-                         f"{list(batch.shape)}")
-    if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
-        raise ValueError("'batch' must be sorted (points of a set contiguous)")
+    check_batch(batch, num_nodes)
     set_size = torch.bincount(batch)
     set_start = torch.cumsum(set_size, 0) - set_size
     per_dst = set_size[batch]  # edges arriving at each point

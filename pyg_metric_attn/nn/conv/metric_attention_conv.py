@@ -33,6 +33,7 @@ from pyg_metric_attn.utils.checks import (
     check_node_features,
 )
 from pyg_metric_attn.utils.csr import HeadBlockCSR
+from pyg_metric_attn.utils.point_sets import check_batch
 
 BACKENDS = ('auto', 'fused', 'scatter')
 # MessagePassing's hook registries: any hook needs the per-edge messages.
@@ -340,11 +341,14 @@ class MetricAttentionConv(MessagePassing):
 
         Args:
             x (torch.Tensor): Point features ``[N, F_in]``.
-            batch (torch.Tensor, optional): Sorted set index of each point;
-                :obj:`None` means one set.
+            batch (torch.Tensor, optional): Sorted set index of each point
+                (checked outside :func:`torch.compile`); :obj:`None` means one
+                set.
         """
         if not torch.compiler.is_compiling():
             check_node_features(x, 'x', self._src_channels)
+            if batch is not None:
+                check_batch(batch, x.size(0))
         if not isinstance(self.in_channels, int):
             raise ValueError("Point-set attention runs within one set of points: "
                              "build the layer with an int 'in_channels'")

@@ -10,6 +10,7 @@ from torch_geometric.utils import to_dense_batch
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP, check_metric
 from pyg_metric_attn.nn.time_scale import TimeScale
+from pyg_metric_attn.utils.point_sets import check_batch
 
 
 class MetricMultiheadAttention(torch.nn.Module):
@@ -54,6 +55,9 @@ class MetricMultiheadAttention(torch.nn.Module):
                  mlp_channels: int | None = None, time_scale: float = 1.0,
                  learn_time_scale: bool = False):
         super().__init__()
+        if embed_dim < 1 or num_heads < 1:
+            raise ValueError(f"'embed_dim' and 'num_heads' must be positive, got "
+                             f"embed_dim={embed_dim}, num_heads={num_heads}")
         if embed_dim % num_heads:
             raise ValueError(f"'embed_dim' ({embed_dim}) must be divisible by "
                              f"'num_heads' ({num_heads})")
@@ -143,7 +147,11 @@ class MetricMultiheadAttention(torch.nn.Module):
 
     def forward_point_sets(self, x: Tensor, batch: Tensor | None = None) -> Tensor:
         """Self-attention among all points of each set (e.g. all nodes of each
-        graph of a PyG mini-batch), ``[N, E] -> [N, E]``."""
+        graph of a PyG mini-batch), ``[N, E] -> [N, E]``; ``batch`` is the
+        sorted set index of each point (checked outside
+        :func:`torch.compile`)."""
+        if batch is not None and not torch.compiler.is_compiling():
+            check_batch(batch, x.size(0))
         dense, mask = to_dense_batch(x, batch)  # [B, L, E], [B, L]
         if not self.batch_first:
             dense = dense.transpose(0, 1)
