@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch_geometric.typing
+
+# Without a GPU, Triton kernels run in Triton's interpreter. The variable must
+# be set before anything imports triton, and PyG does (through torch-sparse).
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
+import torch_geometric.typing  # noqa: E402
 
 try:
     import torch_scatter  # noqa: F401

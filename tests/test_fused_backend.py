@@ -235,8 +235,8 @@ def test_auto_picks_a_path_that_serves_the_call(monkeypatch):
 
 
 def test_backend_error():
-    with pytest.raises(ValueError, match="Unknown backend 'triton'"):
-        MetricAttentionConv(4, 4, backend='triton')
+    with pytest.raises(ValueError, match="Unknown backend 'cuda'"):
+        MetricAttentionConv(4, 4, backend='cuda')
 
 
 @pytest.mark.parametrize('metric', METRICS)

@@ -237,9 +237,11 @@ def test_sparse_adjacency_formats_agree():
                 to_torch_csc_tensor(adj_t, size=(20, 20)),
                 torch.sparse_coo_tensor(adj_t, torch.ones(adj_t.size(1)),
                                         (20, 20))):
-        out, sparse_alpha = conv(x, adj, return_attention_weights=True)
+        # As GATConv: (out, (adj, alpha)), alpha in adj's own value order.
+        out, (sparse_alpha, values) = conv(x, adj, return_attention_weights=True)
         assert torch.allclose(out, expected, atol=1e-6)
         assert sparse_alpha.layout == adj.layout
+        assert torch.equal(values, sparse_alpha.values())
         dense = sparse_alpha.to_dense()  # [N_dst, N_src, H]
         assert torch.allclose(dense[ei[1], ei[0]], alpha, atol=1e-6)
 

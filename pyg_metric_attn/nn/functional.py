@@ -140,7 +140,7 @@ def dense_metric_attention(
         if attended is not None:
             key = torch.where(attended, key, 0)
     exact = not (torch.compiler.is_compiling()
-                 or _fused_is_accurate(query, key, metric, time_scale))
+                 or expanded_logits_are_accurate(query, key, metric, time_scale))
     if need_weights or exact:
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
                                            attn_mask, is_causal, dropout_p, exact)
@@ -167,7 +167,7 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
     return allowed.unsqueeze(-1)
 
 
-def _fused_is_accurate(query: Tensor, key: Tensor, metric: str,
+def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
                        time_scale: float | Tensor) -> bool:
     """Whether the estimated rounding error of the fused logits (see the
     module docstring) is within ``LOGIT_ROUNDING_TOLERANCE``; norms are taken

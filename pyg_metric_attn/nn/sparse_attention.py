@@ -11,12 +11,22 @@ On the block-diagonal CSR matrix :math:`A` of a graph's heads
 with :math:`Q = 2 (z_{dst} - c) / t` and :math:`K = z_{src} - c` for the
 distance metrics (``'dot'``: :math:`Q = q / (\sqrt{D} t)`, :math:`K = k`, no
 norm term). This is the softmax of :math:`-\|z_i - z_j\|^2 / t + b_{ij}`: the
-dropped :math:`\|z_i - c\|^2` is constant along a softmax row. The centre
-:math:`c` (the mean source point per head) keeps the expanded form free of
-cancellation when points sit far from the origin; the logit error is about
-:math:`\epsilon \max_j \|z_j - c\|^2 / t`. Backward passes are again SDDMMs and
-SpMMs, so every per-edge tensor, forward and backward, is :math:`E \times H`:
-no :math:`E \times H \times C` message and no :math:`E \times H \times D`
+dropped :math:`\|z_i - c\|^2` is constant along a softmax row.
+
+Precision. The centre :math:`c` is the mean of the finite source points per
+head (a NaN or infinite point does not move it, so it stays confined to the
+edges it is on). The expanded form still rounds each logit by about
+:math:`u \sqrt{D} (\max\|Q\| + \max\|K\|)^2 / t` (``u`` the unit roundoff),
+which is large when points are spread far apart (the graphs of a mini-batch
+around :math:`+c` and :math:`-c`) and overflows for huge points. Where that
+estimate exceeds
+:data:`~pyg_metric_attn.nn.functional.LOGIT_ROUNDING_TOLERANCE`, the logits are
+computed in float64 and shifted to a row maximum of 0 before they return to
+float32 (one host sync decides; the common case stays in float32), so the
+weights agree with a float64 direct-difference computation and stay finite for
+all finite inputs. Backward passes are again SDDMMs and SpMMs, so every
+per-edge tensor, forward and backward, is :math:`E \times H`: no
+:math:`E \times H \times C` message and no :math:`E \times H \times D`
 difference is ever formed. All kernels are device-agnostic torch ops
 (:func:`torch.sparse.sampled_addmm`, CSR ``@`` dense,
 :func:`torch.segment_reduce`).
@@ -29,7 +39,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pyg_metric_attn.nn.functional import centred
+from pyg_metric_attn.nn.functional import centred, expanded_logits_are_accurate
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.csr import HeadBlockCSR, from_blocks, to_blocks
 
@@ -119,7 +129,9 @@ def _scaled_query(query: Tensor, metric: str,
 def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
                  metric: str = 'metric',
                  time_scale: float | Tensor = 1.0) -> Tensor:
-    r"""Per-edge logits in block order, ``[H E]``, up to a per-row constant.
+    r"""Per-edge logits in block order, ``[H E]``, up to a per-row constant
+    (computed in float64 and shifted to a row maximum of 0 where float32
+    would round them by more than the tolerance: see the module docstring).
 
     Args:
         query (torch.Tensor): Destination points ``[N_dst, H, D]``.
@@ -132,27 +144,45 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
     """
     if check_metric(metric) != 'dot':
         query, key = centred(query, key, dim=0)
+    dtype = query.dtype
+    exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
+    if exact:
+        query, key = query.double(), key.double()
     key = to_blocks(key)
     logits = SampledDot.apply(graph, to_blocks(_scaled_query(query, metric,
                                                              time_scale)), key)
-    if metric == 'dot':
-        return logits
-    return logits - (key.square().sum(-1) / time_scale)[graph.col]
+    if metric != 'dot':
+        logits = logits - (key.square().sum(-1) / time_scale)[graph.col]
+    if exact:  # float64 logits may lie beyond float32's range
+        row_max = graph.row_reduce(logits.detach(), 'max')
+        logits = (logits - graph.broadcast_rows(row_max)).to(dtype)
+    return logits
 
 
 def gathered_logits(query: Tensor, key: Tensor, edge_index: Tensor,
                     metric: str = 'metric',
                     time_scale: float | Tensor = 1.0) -> Tensor:
-    r"""The logits of :func:`block_logits` in edge order, ``[E, H]``, by
-    per-edge gathers (for compilers, which fuse the gathers away)."""
-    if check_metric(metric) != 'dot':
-        query, key = centred(query, key, dim=0)
+    r"""Exact logits in edge order, ``[E, H]`` in float64, by per-edge gathers
+    and direct differences (for message passing and compilers, which fuse
+    the gathers away): :math:`-\|q_i - k_j\|^2 / t` or :math:`q_i^\top k_j /
+    (\sqrt{D} t)`.
+
+    Differences are taken in the input dtype (exact up to its rounding of
+    each difference), squared and summed in float64, so the logits are finite
+    for all finite points; autograd keeps the ``[E, H, D]`` differences in the
+    input dtype. ``'dot'`` multiplies in float64 (exact products) and keeps
+    both ``[E, H, D]`` factors in float64."""
     src, dst = edge_index[0], edge_index[1]
-    query = _scaled_query(query, metric, time_scale)
-    logits = (query[dst] * key[src]).sum(-1)
-    if metric == 'dot':
-        return logits
-    return logits - (key.square().sum(-1) / time_scale)[src]
+    if check_metric(metric) == 'dot':
+        products = query.double()[dst] * key.double()[src]
+        return products.sum(-1) / (math.sqrt(query.size(-1)) * time_scale)
+    return -_squared_norm(query[dst] - key[src]) / time_scale
+
+
+def _squared_norm(points: Tensor) -> Tensor:
+    """``|p|^2`` along the last dimension, summed in float64."""
+    return torch.linalg.vector_norm(points, dim=-1,
+                                    dtype=torch.float64).square()
 
 
 def sparse_metric_attention(

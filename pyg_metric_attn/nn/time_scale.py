@@ -21,8 +21,10 @@ class TimeScale(torch.nn.Module):
     """
     def __init__(self, value: float = 1.0, learn: bool = False):
         super().__init__()
-        if not value > 0:
-            raise ValueError(f"'time_scale' must be positive, got {value}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"'time_scale' must be a positive number, got "
+                             f"{value!r}")
         self.initial = float(value)
         self.learn = learn
         if learn:

@@ -4,8 +4,10 @@ Layers accept ``edge_index`` (``[2, E]``, row 0 = source, row 1 = destination),
 ``torch_sparse.SparseTensor`` and ``torch.sparse`` COO/CSR/CSC tensors. Sparse
 adjacencies follow PyG's transposed convention: entry ``(i, j)`` is the edge
 ``j -> i`` (rows are destinations). :func:`adjacency_to_edge_index` turns any of
-them into an ``edge_index`` and :func:`edge_values_like` turns per-edge values
-back into the caller's format.
+them into an ``edge_index`` (keeping the adjacency's values, which attention
+layers read as edge features) and :func:`edge_values_like` returns per-edge
+values in the caller's format, as :class:`~torch_geometric.nn.conv.GATConv`
+returns attention weights.
 """
 from __future__ import annotations
 
@@ -29,18 +31,21 @@ class Adjacency(NamedTuple):
     layout: str  # 'edge_index' | 'sparse_tensor' | torch sparse layout name
     num_src: int | None
     num_dst: int | None
+    value: Tensor | None = None  # [E] or [E, D] values of a sparse adjacency
 
 
 def adjacency_to_edge_index(adj: Any) -> Adjacency:
     """Return ``adj`` as an ``edge_index`` (``[2, E]``, source row first)."""
     if isinstance(adj, SparseTensor):
-        dst, src, _ = adj.coo()
+        dst, src, value = adj.coo()
         num_dst, num_src = adj.sparse_sizes()
-        return Adjacency(torch.stack([src, dst]), 'sparse_tensor', num_src, num_dst)
+        return Adjacency(torch.stack([src, dst]), 'sparse_tensor', num_src,
+                         num_dst, value)
     if is_torch_sparse_tensor(adj):
-        dst_src, _ = to_edge_index(adj)
+        dst_src, value = to_edge_index(adj)
         num_dst, num_src = int(adj.size(0)), int(adj.size(1))
-        return Adjacency(dst_src.flip(0), str(adj.layout), num_src, num_dst)
+        return Adjacency(dst_src.flip(0), str(adj.layout), num_src, num_dst,
+                         value)
     if isinstance(adj, Tensor):
         return Adjacency(adj, 'edge_index', None, None)
     raise TypeError(
@@ -50,11 +55,10 @@ def adjacency_to_edge_index(adj: Any) -> Adjacency:
 
 def edge_values_like(adjacency: Adjacency, edge_index: Tensor, value: Tensor,
                      num_src: int, num_dst: int) -> Any:
-    """Attach per-edge ``value`` to ``edge_index`` in ``adjacency``'s format.
-
-    For ``edge_index`` input this is ``(edge_index, value)``; for sparse input a
-    sparse adjacency of the same kind holding ``value`` (shape ``[E, ...]``).
-    """
+    """Per-edge ``value`` (``[E, ...]``) on ``edge_index`` in ``adjacency``'s
+    format: ``(edge_index, value)``; for a ``SparseTensor`` one holding
+    ``value``; for a ``torch.sparse`` adjacency ``(adj, adj_values)`` with the
+    values in the returned tensor's own order."""
     if adjacency.layout == 'edge_index':
         return edge_index, value
     src, dst = edge_index[0], edge_index[1]
@@ -63,7 +67,9 @@ def edge_values_like(adjacency: Adjacency, edge_index: Tensor, value: Tensor,
         return SparseTensor(row=dst, col=src, value=value, sparse_sizes=size)
     dst_src = torch.stack([dst, src])
     if adjacency.layout == str(torch.sparse_csr):
-        return to_torch_csr_tensor(dst_src, value, size=size)
-    if adjacency.layout == str(torch.sparse_csc):
-        return to_torch_csc_tensor(dst_src, value, size=size)
-    return to_torch_coo_tensor(dst_src, value, size=size)
+        adj = to_torch_csr_tensor(dst_src, value, size=size)
+    elif adjacency.layout == str(torch.sparse_csc):
+        adj = to_torch_csc_tensor(dst_src, value, size=size)
+    else:
+        adj = to_torch_coo_tensor(dst_src, value, size=size)
+    return adj, adj.values()

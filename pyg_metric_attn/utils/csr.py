@@ -42,7 +42,7 @@ def _block_indices(ptr: Tensor, index: Tensor, heads: int, num_cols: int,
     return crow.to(dtype), col.to(dtype)
 
 
-def _sort_by(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
+def sort_by_segment(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
     """Stable order of ``keys`` and the CSR pointer of the sorted keys."""
     keys, order = torch.sort(keys, stable=True)
     ptr = keys.new_zeros(num_segments + 1)
@@ -68,7 +68,7 @@ class HeadBlockCSR:
         self.index_dtype = torch.int32 if largest < 2**31 - 1 else torch.int64
         src, dst = edge_index[0], edge_index[1]
         # perm[k]: the caller's edge at CSR position k.
-        self.perm, self.ptr = _sort_by(dst, num_dst)
+        self.perm, self.ptr = sort_by_segment(dst, num_dst)
         self.src = src[self.perm]
         self.crow, self.col = _block_indices(self.ptr, self.src, heads, num_src,
                                              self.index_dtype)
@@ -92,7 +92,7 @@ class HeadBlockCSR:
         """``A^T`` as a CSR matrix (rows = source nodes), for ``values`` of
         ``A`` in block order. Its structure is built on first use."""
         if self._transpose is None:
-            order, ptr = _sort_by(self.src, self.num_src)
+            order, ptr = sort_by_segment(self.src, self.num_src)
             dst = torch.repeat_interleave(
                 torch.arange(self.num_dst, device=ptr.device), self.ptr.diff(),
                 output_size=self.num_edges)

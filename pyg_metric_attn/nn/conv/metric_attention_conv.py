@@ -1,7 +1,7 @@
 r"""Metric-attention as a PyG message-passing layer."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -10,7 +10,7 @@ from torch.nn import Parameter
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
-from torch_geometric.typing import Adj, OptTensor, PairTensor, Size
+from torch_geometric.typing import Adj, OptTensor, PairTensor, Size, SparseTensor
 from torch_geometric.utils import (
     add_self_loops,
     remove_self_loops,
@@ -21,21 +21,25 @@ from torch_geometric.utils import (
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.pseudo_metric import check_metric, tied_map
 from pyg_metric_attn.nn.sparse_attention import (
-    block_logits,
     gathered_logits,
     sparse_metric_attention,
 )
 from pyg_metric_attn.nn.time_scale import TimeScale
+from pyg_metric_attn.nn.triton_attention import HAVE_TRITON, triton_metric_attention
 from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
     check_edge_attr,
     check_edge_index,
     check_node_features,
 )
-from pyg_metric_attn.utils.csr import HeadBlockCSR
+from pyg_metric_attn.utils.csr import HeadBlockCSR, sort_by_segment
 from pyg_metric_attn.utils.point_sets import check_batch
 
-BACKENDS = ('auto', 'fused', 'scatter')
+BACKENDS = ('auto', 'fused', 'scatter', 'triton')
+# Aggregations the fused kernels compute (others run as message passing).
+FUSED_AGGREGATIONS = ('add', 'sum', 'mean')
+# Dtypes of the Triton kernel's inputs.
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # MessagePassing's hook registries: any hook needs the per-edge messages.
 MESSAGE_PASSING_HOOKS = (
     '_propagate_forward_pre_hooks', '_propagate_forward_hooks',
@@ -45,7 +49,8 @@ MESSAGE_PASSING_HOOKS = (
 
 
 class MetricAttentionConv(MessagePassing):
-    r"""Metric-attention over graph edges (Ruan & Zhang, arXiv 2412.18288).
+    r"""Metric-attention over graph edges (Ruan & Zhang, "Towards understanding
+    how attention mechanism works in deep learning", arXiv 2412.18288).
 
     For every head, node :math:`i` aggregates its in-neighbours :math:`j` with
 
@@ -68,32 +73,7 @@ class MetricAttentionConv(MessagePassing):
     Edge features add a learned per-head bias :math:`\mathbf{w}_h^\top
     \mathbf{e}_{ji}` to :math:`s_{ij}`. With ``value=False`` the layer is the
     paper's propagation :math:`H' = S H` (no value map; each head propagates the
-    input features). Non-adjacent pairs get zero weight: the softmax runs over
-    each destination's incoming edges only. Logits are computed in at least
-    float32 under autocast, as :math:`2 z_i^\top z_j - \|z_j\|^2` from points
-    :math:`z = \phi(\mathbf{x}) - c` centred on the mean source point (the
-    row constant :math:`\|z_i\|^2` cancels in the softmax), by one sampled
-    dense-dense product (SDDMM) over a CSR view of the graph: no per-edge
-    :math:`E \times H \times D` tensor is formed.
-
-    Two backends compute the same function:
-
-    * ``'fused'``: segment softmax and sparse aggregation (SpMM) on the CSR
-      view with hand-written backward passes
-      (:func:`~pyg_metric_attn.nn.sparse_attention.sparse_metric_attention`);
-      every per-edge tensor is :math:`E \times H`.
-    * ``'scatter'``: PyG message passing (messages :math:`\alpha_{ij}
-      \mathbf{v}_j`, :math:`E \times H \times C`), which runs PyG's message
-      hooks and explain mode (e.g.
-      :class:`~torch_geometric.explain.algorithm.AttentionExplainer`) and
-      compiles without graph breaks.
-
-    ``'auto'`` runs ``'fused'`` on CPU in float32/float64 and ``'scatter'``
-    where hooks or explain mode need messages, under :func:`torch.compile`, in
-    half precision and on other devices (where the fused path runs, through
-    the same device-agnostic torch kernels, when asked for, but is untimed).
-    Under :func:`torch.compile` an explicit ``'fused'`` runs eagerly (a graph
-    break).
+    input features). The softmax runs over each destination's incoming edges.
 
     Args:
         in_channels (int or tuple): Size of each input sample, or ``(source,
@@ -135,22 +115,36 @@ class MetricAttentionConv(MessagePassing):
             (default: :obj:`True`)
         residual (bool, optional): Add a linear map of the destination features
             to the output. (default: :obj:`False`)
-        backend (str, optional): ``'auto'``, ``'fused'`` or ``'scatter'`` (see
-            above); ``'fused'`` still falls back to ``'scatter'`` while message
-            hooks or explain mode are active. (default: :obj:`'auto'`)
+        backend (str, optional): How the attention runs; all compute the same
+            function. ``'fused'``: segment softmax and sparse products on a CSR
+            view, :math:`E \times H` memory per edge
+            (:mod:`~pyg_metric_attn.nn.sparse_attention`); ``'triton'``: one
+            fused GPU kernel with an online softmax, no per-edge tensor
+            (:mod:`~pyg_metric_attn.nn.triton_attention`, needs
+            ``pip install pyg-metric-attn[gpu]``); ``'scatter'``: PyG message
+            passing with :math:`E \times H \times C` messages, which runs PyG's
+            message hooks, explain mode and any ``aggr``. ``'auto'`` takes
+            ``'triton'`` on CUDA where Triton is installed, ``'fused'`` on CPU
+            in float32/float64, else ``'scatter'``. Every backend falls back to
+            ``'scatter'`` while hooks or explain mode need the messages, for
+            an ``aggr`` other than ``'add'``/``'sum'``/``'mean'``, and
+            ``'auto'`` does under :func:`torch.compile`. (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`,
-          edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency),
+          edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency,
+          whose values are used as edge features when ``edge_dim`` is set),
           edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` if
           ``concat`` else :math:`(|\mathcal{V}_t|, F_{out})`; with
-          ``return_attention_weights`` also ``(edge_index, alpha)`` with
-          ``alpha`` of shape :math:`(|\mathcal{E}|, H)` (or the sparse
-          adjacency holding ``alpha``)
+          ``return_attention_weights`` as
+          :class:`~torch_geometric.nn.conv.GATConv` returns them:
+          ``(edge_index, alpha)`` with ``alpha`` of shape
+          :math:`(|\mathcal{E}|, H)`, ``(adj, alpha)`` for a ``torch.sparse``
+          adjacency, or the ``SparseTensor`` holding ``alpha``
     """
     def __init__(
         self,
@@ -179,9 +173,12 @@ class MetricAttentionConv(MessagePassing):
         src_channels, dst_channels = ((in_channels, in_channels)
                                       if isinstance(in_channels, int) else
                                       tuple(in_channels))
-        if heads < 1 or out_channels < 1:
-            raise ValueError(f"'heads' and 'out_channels' must be positive, got "
-                             f"heads={heads}, out_channels={out_channels}")
+        for name, size in (('heads', heads), ('out_channels', out_channels),
+                           ('metric_channels', metric_channels),
+                           ('mlp_channels', mlp_channels)):
+            if size is not None and (not isinstance(size, int) or size < 1):
+                raise ValueError(f"'{name}' must be a positive integer, got "
+                                 f"{size!r}")
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend '{backend}'; expected one of "
                              f"{BACKENDS}")
@@ -256,6 +253,29 @@ class MetricAttentionConv(MessagePassing):
         """The time scale :math:`t` (a tensor when it is learned)."""
         return self.time()
 
+    @overload
+    def forward(self, x: Tensor | tuple[Tensor, Tensor | None],
+                edge_index: Adj, edge_attr: OptTensor = None,
+                size: Size = None,
+                return_attention_weights: None = None) -> Tensor:
+        ...
+
+    @overload
+    def forward(self, x: Tensor | tuple[Tensor, Tensor | None],
+                edge_index: Tensor, edge_attr: OptTensor = None,
+                size: Size = None,
+                return_attention_weights: bool = ...,
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        ...
+
+    @overload
+    def forward(self, x: Tensor | tuple[Tensor, Tensor | None],
+                edge_index: SparseTensor, edge_attr: OptTensor = None,
+                size: Size = None,
+                return_attention_weights: bool = ...,
+                ) -> tuple[Tensor, SparseTensor]:
+        ...
+
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor | None],
@@ -272,61 +292,63 @@ class MetricAttentionConv(MessagePassing):
                 ``(x, None)`` the destination nodes are the first
                 ``size[1]`` source nodes (the PyG sampled-subgraph convention).
             edge_index (torch.Tensor or SparseTensor or torch.sparse.Tensor):
-                The graph; sparse adjacencies are indexed ``[dst, src]``.
+                The graph; sparse adjacencies are indexed ``[dst, src]`` and
+                their values are the edge features when ``edge_dim`` is set.
             edge_attr (torch.Tensor, optional): Edge features (needs
                 ``edge_dim``).
             size ((int, int), optional): ``(num_src, num_dst)``.
-            return_attention_weights (bool, optional): If set (to any value),
-                also return ``(edge_index, alpha)``, or the sparse adjacency
-                holding ``alpha`` when the graph was given as one.
+            return_attention_weights (bool, optional): If :obj:`True`, also
+                return the attention weights as
+                :class:`~torch_geometric.nn.conv.GATConv` does (see Shapes).
         """
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         adjacency = adjacency_to_edge_index(edge_index)
         edge_index = adjacency.edge_index
+        edge_attr = self._edge_features(edge_attr, adjacency.value)
         num_src, num_dst = self._num_nodes(x_src, x_dst, adjacency, size)
         if x_dst is None:
             x_dst = x_src[:num_dst]
-
         if not torch.compiler.is_compiling():
             self._check_inputs(x_src, x_dst, edge_index, edge_attr, num_src,
                                num_dst)
+
         edge_index = edge_index.long()
         if edge_attr is not None and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
-
         if self.add_self_loops:
             edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
             edge_index, edge_attr = add_self_loops(
                 edge_index, edge_attr, fill_value=self.fill_value,
                 num_nodes=min(num_src, num_dst))
 
-        z_src, z_dst = self._embed(x_src, x_dst)
-        values = self._values(x_src)
-        edge_bias = (self.lin_edge(edge_attr)
+        z_src, z_dst = self._embed(x_src, x_dst)  # [N, H, D]
+        values = self._values(x_src)  # [N_src, H, C]
+        edge_bias = (self.lin_edge(edge_attr)  # [E, H]
                      if self.lin_edge is not None and edge_attr is not None
                      else None)
-        dropout_mask = self._dropout_mask(edge_index.size(1), z_src)
-        if self._runs_fused(values):
-            out, alpha = self._fused_attention(
-                z_src, z_dst, values, edge_index, (num_src, num_dst), edge_bias,
-                dropout_mask, return_attention_weights is not None)
-        else:
-            if torch.compiler.is_compiling():
-                logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
-                                         self.time_scale)
-            else:
-                graph = HeadBlockCSR(edge_index, num_src, num_dst, self.heads)
-                logits = graph.to_edges(block_logits(
-                    z_dst, z_src, graph, self.metric, self.time_scale))
-            alpha = self.edge_updater(edge_index, logits=logits,
-                                      edge_bias=edge_bias,
-                                      dropout_mask=dropout_mask,
-                                      size=(num_src, num_dst))
+
+        backend = self._choose_backend(values)
+        if backend == 'scatter':
+            logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
+                                     self.time_scale)  # [E, H] float64
+            alpha = self.edge_updater(
+                edge_index, logits=logits, edge_bias=edge_bias,
+                dropout_mask=self._dropout_mask(edge_index.size(1), z_src),
+                size=(num_src, num_dst)).to(z_src.dtype)
             out = self.propagate(edge_index, x=(values, None), alpha=alpha,
                                  size=(num_src, num_dst))
+        elif backend == 'fused':
+            out, alpha = self._fused_attention(
+                z_src, z_dst, values, edge_index, (num_src, num_dst), edge_bias,
+                self._dropout_mask(edge_index.size(1), z_src),
+                bool(return_attention_weights))
+        else:
+            out, alpha = self._triton_attention(
+                z_src, z_dst, values, edge_index, num_dst, edge_bias,
+                bool(return_attention_weights))
 
         out = self._combine_heads(out, x_dst)
-        if return_attention_weights is not None:
+        if return_attention_weights:
             return out, edge_values_like(adjacency, edge_index, alpha, num_src,
                                          num_dst)
         return out
@@ -379,6 +401,18 @@ class MetricAttentionConv(MessagePassing):
             out = out + self.bias
         return out
 
+    def _edge_features(self, edge_attr: OptTensor,
+                       adjacency_value: OptTensor) -> OptTensor:
+        """``edge_attr``, or the values of a sparse adjacency where the layer
+        reads edge features (as PyG's attention layers do)."""
+        if adjacency_value is None or self.lin_edge is None:
+            return edge_attr
+        if edge_attr is not None:
+            raise ValueError("Edge features were given twice: as 'edge_attr' "
+                             "and as the values of the sparse adjacency; pass "
+                             "one of them")
+        return adjacency_value
+
     def _num_nodes(self, x_src: Tensor, x_dst: Tensor | None, adjacency,
                    size: Size) -> tuple[int, int]:
         num_src = x_src.size(0)
@@ -405,6 +439,11 @@ class MetricAttentionConv(MessagePassing):
                       edge_attr: OptTensor, num_src: int, num_dst: int) -> None:
         check_node_features(x_src, 'x' if x_src is x_dst else 'x_src',
                             self._src_channels)
+        if not self.value and x_src.size(1) != self.out_channels:
+            raise ValueError(
+                f"'value=False' propagates the input features unchanged, so "
+                f"the {x_src.size(1)} source channels must equal "
+                f"'out_channels' ({self.out_channels})")
         if x_dst is not x_src:
             check_node_features(x_dst, 'x_dst', self._dst_channels)
             if x_dst.size(0) != num_dst:
@@ -437,16 +476,23 @@ class MetricAttentionConv(MessagePassing):
             return x_src.unsqueeze(1).expand(-1, self.heads, -1)
         return self.lin_value(x_src).view(-1, self.heads, self.out_channels)
 
-    def _runs_fused(self, values: Tensor) -> bool:
-        """Whether this call takes the fused path (see the class docstring)."""
-        if self.backend == 'scatter' or self.explain or any(
-                getattr(self, name) for name in MESSAGE_PASSING_HOOKS):
-            return False
-        if self.backend == 'fused':
-            return True
-        return (not torch.compiler.is_compiling()
-                and values.device.type == 'cpu'
-                and values.dtype in (torch.float32, torch.float64))
+    def _choose_backend(self, values: Tensor) -> str:
+        """The backend of this call (see ``backend`` in the class docstring)."""
+        if (self.backend == 'scatter' or self.explain
+                or self.aggr not in FUSED_AGGREGATIONS
+                or any(getattr(self, name) for name in MESSAGE_PASSING_HOOKS)):
+            return 'scatter'
+        if self.backend != 'auto':
+            return self.backend
+        if torch.compiler.is_compiling():
+            return 'scatter'
+        if (values.device.type == 'cuda' and HAVE_TRITON
+                and values.dtype in TRITON_DTYPES):
+            return 'triton'
+        if (values.device.type == 'cpu'
+                and values.dtype in (torch.float32, torch.float64)):
+            return 'fused'
+        return 'scatter'
 
     @torch.compiler.disable  # sparse CSR kernels: opaque to torch.compile
     def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
@@ -458,12 +504,43 @@ class MetricAttentionConv(MessagePassing):
         out, weights = sparse_metric_attention(
             z_dst, z_src, values, graph, self.metric, self.time_scale,
             edge_bias, dropout_mask)
-        return (out.to(values.dtype),
-                graph.to_edges(weights) if need_weights else None)
+        out = self._mean_over_edges(out.to(values.dtype), graph.ptr)
+        return out, graph.to_edges(weights) if need_weights else None
+
+    @torch.compiler.disable  # a Triton kernel: opaque to torch.compile
+    def _triton_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
+                          edge_index: Tensor, num_dst: int,
+                          edge_bias: OptTensor,
+                          need_weights: bool) -> tuple[Tensor, OptTensor]:
+        """The Triton path: ``([N_dst, H, C], [E, H] weights or None)``;
+        queries and keys enter in the values' dtype (the kernel accumulates in
+        float32), dropout is drawn inside the kernel."""
+        perm, ptr = sort_by_segment(edge_index[1], num_dst)
+        dtype = values.dtype
+        out, weights = triton_metric_attention(
+            z_dst.to(dtype), z_src.to(dtype), values, ptr, edge_index[0, perm],
+            self.metric, self.time_scale,
+            None if edge_bias is None else edge_bias[perm],
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights)
+        out = self._mean_over_edges(out, ptr)
+        if weights is None:
+            return out, None
+        alpha = torch.empty_like(weights)
+        alpha[perm] = weights
+        return out, alpha
+
+    def _mean_over_edges(self, out: Tensor, ptr: Tensor) -> Tensor:
+        """``aggr='mean'``: divide each node's sum by its in-degree (at least
+        1), as PyG's mean aggregation does."""
+        if self.aggr != 'mean':
+            return out
+        degree = ptr.diff().clamp(min=1).view(-1, 1, 1)
+        return out / degree.to(out.dtype)
 
     def _dropout_mask(self, num_edges: int, like: Tensor) -> Tensor | None:
         """Attention dropout as a factor ``[E, H]`` on the weights (one draw
-        shared by both backends)."""
+        shared by the scatter and fused backends)."""
         if not self.training or self.dropout == 0.0:
             return None
         return F.dropout(like.new_ones(num_edges, self.heads), p=self.dropout)

@@ -1,0 +1,114 @@
+"""MetricAttentionConv where GATConv users rely on it (issue 14, part 2):
+sparse adjacencies with edge features, ``aggr``, what ``forward`` returns,
+and clear constructor errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_graph
+from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
+
+from pyg_metric_attn import MetricAttentionConv
+
+BACKENDS = ['fused', 'scatter']
+
+
+def graph_with_edge_features(seed: int = 0, num_nodes: int = 15,
+                             edge_dim: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = random_graph(num_nodes, num_nodes, 0.3, g, self_loops=False)
+    x = torch.randn(num_nodes, 8, generator=g)
+    edge_attr = torch.randn(edge_index.size(1), edge_dim, generator=g)
+    return x, edge_index, edge_attr
+
+
+def sparse_adjacencies(edge_index, edge_attr, num_nodes):
+    """The graph as torch.sparse COO and CSR (and SparseTensor) adjacencies
+    whose values are the edge features."""
+    dst_src = edge_index.flip(0)
+    size = (num_nodes, num_nodes)
+    adjacencies = {'coo': to_torch_coo_tensor(dst_src, edge_attr, size=size),
+                   'csr': to_torch_csr_tensor(dst_src, edge_attr, size=size)}
+    if WITH_TORCH_SPARSE:
+        adjacencies['sparse_tensor'] = SparseTensor(
+            row=edge_index[1], col=edge_index[0], value=edge_attr,
+            sparse_sizes=size)
+    return adjacencies
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_sparse_adjacency_values_are_the_edge_features(backend):
+    x, edge_index, edge_attr = graph_with_edge_features()
+    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3, backend=backend)
+    expected = conv(x, edge_index, edge_attr)
+    without = conv(x, edge_index)
+    assert not torch.allclose(expected, without, atol=1e-3)
+    for name, adj in sparse_adjacencies(edge_index, edge_attr, 15).items():
+        torch.testing.assert_close(conv(x, adj), expected, msg=name)
+
+
+def test_edge_features_given_twice_raise():
+    x, edge_index, edge_attr = graph_with_edge_features()
+    conv = MetricAttentionConv(8, 4, edge_dim=3)
+    adj = sparse_adjacencies(edge_index, edge_attr, 15)['coo']
+    with pytest.raises(ValueError, match='given twice'):
+        conv(x, adj, edge_attr)
+
+
+def test_sparse_values_are_ignored_without_edge_dim():
+    """As in GATConv: a layer without edge features reads only the pattern."""
+    x, edge_index, edge_attr = graph_with_edge_features()
+    conv = MetricAttentionConv(8, 4, heads=2)
+    adj = sparse_adjacencies(edge_index, edge_attr[:, 0], 15)['csr']
+    torch.testing.assert_close(conv(x, adj), conv(x, edge_index))
+
+
+@pytest.mark.parametrize('aggr', ['mean', 'max', 'sum'])
+def test_aggr_is_honoured_on_every_backend(aggr):
+    x, edge_index, _ = graph_with_edge_features()
+    torch.manual_seed(0)
+    fused = MetricAttentionConv(8, 4, heads=2, aggr=aggr, backend='fused')
+    scatter = MetricAttentionConv(8, 4, heads=2, aggr=aggr, backend='scatter')
+    scatter.load_state_dict(fused.state_dict())
+    torch.testing.assert_close(fused(x, edge_index), scatter(x, edge_index))
+
+
+def test_aggr_mean_divides_by_the_in_degree():
+    x, edge_index, _ = graph_with_edge_features()
+    torch.manual_seed(0)
+    mean = MetricAttentionConv(8, 4, heads=2, aggr='mean', bias=False,
+                               backend='fused')
+    add = MetricAttentionConv(8, 4, heads=2, bias=False, backend='fused')
+    add.load_state_dict(mean.state_dict())
+    # Self-loops replaced: in-degree = incoming non-loop edges + 1.
+    degree = torch.bincount(edge_index[1], minlength=15) + 1
+    torch.testing.assert_close(mean(x, edge_index),
+                               add(x, edge_index) / degree.view(-1, 1))
+
+
+@pytest.mark.parametrize('flag', [False, None])
+def test_return_attention_weights_false_returns_the_output_only(flag):
+    x, edge_index, _ = graph_with_edge_features()
+    conv = MetricAttentionConv(8, 4, heads=2)
+    out = conv(x, edge_index, return_attention_weights=flag)
+    assert isinstance(out, torch.Tensor) and out.shape == (15, 8)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(time_scale='1'), "'time_scale' must be a positive number"),
+    (dict(time_scale=float('nan')), "'time_scale' must be a positive number"),
+    (dict(metric_channels=0), "'metric_channels' must be a positive integer"),
+    (dict(metric_channels=-2), "'metric_channels' must be a positive integer"),
+    (dict(mlp_channels=0), "'mlp_channels' must be a positive integer"),
+])
+def test_constructor_errors_name_the_argument(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        MetricAttentionConv(8, 4, **kwargs)
+
+
+def test_value_false_with_lazy_channels_checks_the_width():
+    conv = MetricAttentionConv(-1, 4, value=False)
+    with pytest.raises(ValueError, match="'value=False'.*6 source channels"):
+        conv(torch.randn(5, 6), torch.tensor([[0, 1], [1, 2]]))
+    assert conv(torch.randn(5, 4), torch.tensor([[0, 1], [1, 2]])).shape == (5, 4)
