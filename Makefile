@@ -5,11 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,gpu
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install demo test test-scatter lint clean
+.PHONY: install demo test lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 install: $(STAMP)
+
+# The [sampling] extra (torch-scatter, torch-sparse: NeighborLoader, SparseTensor
+# inputs) builds from source against the installed torch, so without build
+# isolation (which would fetch another torch); about 6 min each the first time,
+# then pip's wheel cache.
+SAMPLING_STAMP := $(VENV)/.installed-sampling
+$(SAMPLING_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --no-build-isolation torch-scatter torch-sparse
+	touch $@
 
 ## The main job: human mesh segmentation. Offline (no ROOT): metric-attention
 ## (MetricMeshFormer and the paper's IPN) against the IPN with GATConv on
@@ -44,16 +53,11 @@ else
 	@echo "renderings: runs/human_seg/artifacts/*/segmentation.png"
 endif
 
-## Lint and the test suite.
-test: install
+## Lint and the test suite, with the optional torch-scatter/torch-sparse and
+## triton installed (Triton kernels run in its interpreter without a GPU).
+test: install $(SAMPLING_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
-
-## The suite again with the optional torch-scatter installed (it builds from
-## source against the installed torch, ~6 min; tests then cover both paths).
-test-scatter: install
-	$(BIN)/python -m pip install --no-build-isolation torch-scatter
-	$(MAKE) test
 
 lint: install
 	$(BIN)/ruff check .
