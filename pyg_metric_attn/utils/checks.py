@@ -1,11 +1,14 @@
 """Input validation with error messages that name the problem.
 
 The checks read tensor values (e.g. the largest index), which would break a
-``torch.compile`` graph; layers call them only in eager mode.
+``torch.compile`` graph; layers call them only in eager mode. Reading a value
+of a GPU tensor waits for the GPU, so the index range check runs on GPUs only
+in PyG's debug mode (``torch_geometric.debug()``).
 """
 from __future__ import annotations
 
 import torch
+import torch_geometric
 from torch import Tensor
 
 
@@ -25,7 +28,8 @@ def check_node_features(x: Tensor, name: str, channels: int) -> None:
 
 
 def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
-    """``edge_index`` must be an integer ``[2, E]`` tensor with indices in range."""
+    """``edge_index`` must be an integer ``[2, E]`` tensor with indices in range
+    (the range is checked on CPU tensors, and on others in debug mode)."""
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError("'edge_index' must have shape [2, num_edges], got "
                          f"shape {list(edge_index.shape)}")
@@ -33,7 +37,8 @@ def check_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> None:
             edge_index.dtype == torch.bool:
         raise TypeError(f"'edge_index' must hold integer indices, got "
                         f"{edge_index.dtype}")
-    if edge_index.numel() == 0:
+    if edge_index.numel() == 0 or (edge_index.device.type != 'cpu'
+                                   and not torch_geometric.is_debug_enabled()):
         return
     if int(edge_index.min()) < 0:
         raise IndexError(f"'edge_index' contains a negative index "

@@ -43,11 +43,11 @@ def _block_indices(ptr: Tensor, index: Tensor, heads: int, num_cols: int,
 
 
 def sort_by_segment(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
-    """Stable order of ``keys`` and the CSR pointer of the sorted keys."""
+    """Stable order of ``keys`` (in ``[0, num_segments)``) and the CSR pointer
+    of the sorted keys (by binary search: no host sync on GPUs)."""
     keys, order = torch.sort(keys, stable=True)
-    ptr = keys.new_zeros(num_segments + 1)
-    torch.cumsum(torch.bincount(keys, minlength=num_segments), 0, out=ptr[1:])
-    return order, ptr
+    bounds = torch.arange(num_segments + 1, device=keys.device, dtype=keys.dtype)
+    return order, torch.searchsorted(keys, bounds)
 
 
 class HeadBlockCSR:
