@@ -84,25 +84,29 @@ def test_segmentation_meter_by_hand():
     assert np.isnan(details['class_acc'][0])
 
 
-def test_strided_global_attention_matches_per_mesh_reference():
+def test_global_attention_attends_to_the_marked_vertices():
     torch.manual_seed(0)
     model = MetricMeshFormer(5, 16, 3, num_layers=1, heads=2, global_stride=3)
     block = model.blocks[0]
     sizes = [7, 11]
     h = torch.randn(sum(sizes), 16)
     batch = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
-    out = block._global(h, batch)
+    keys = torch.rand(sum(sizes)) < 0.4
+    keys[[0, 7]] = True  # at least one key per mesh
+    out = block._global(h, batch, keys)
     reference = []
-    for part in h.split(sizes):
-        keys = part[::3]  # every third vertex of this mesh
-        ref, _ = block.global_attention(part[None], keys[None], keys[None],
-                                        need_weights=False)
+    for part, mask in zip(h.split(sizes), keys.split(sizes), strict=True):
+        ref, _ = block.global_attention(part[None], part[mask][None],
+                                        part[mask][None], need_weights=False)
         reference.append(ref[0])
     torch.testing.assert_close(out, torch.cat(reference), atol=1e-5, rtol=1e-5)
-    # Stride 1 is all pairs.
-    block.global_stride = 1
-    torch.testing.assert_close(block._global(h, batch),
+    # No mask: all pairs.
+    torch.testing.assert_close(block._global(h, batch, None),
                                block.global_attention.forward_point_sets(h, batch))
+    # The model samples the keys from the positions.
+    with pytest.raises(ValueError, match="pass 'pos'"):
+        model(torch.randn(sum(sizes), 5), torch.empty(2, 0, dtype=torch.long),
+              batch)
 
 
 @pytest.mark.parametrize('attention,diffusion,gradients', [

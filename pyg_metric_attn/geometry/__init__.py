@@ -22,6 +22,7 @@ from pyg_metric_attn.geometry.mesh import (
     is_edge_manifold,
     mesh_edges,
     normalize_positions,
+    renumber_mesh,
     vertex_to_face_averaging,
 )
 from pyg_metric_attn.geometry.operators import mesh_operators
@@ -36,7 +37,8 @@ __all__ = [
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_operators', 'heat_kernel_signature', 'hks_times',
     'is_edge_manifold', 'laplacian', 'mesh_edges', 'mesh_operators',
-    'normalize_positions', 'operator_cache_key', 'tangent_frames',
+    'normalize_positions', 'operator_cache_key', 'renumber_mesh',
+    'tangent_frames',
     'tufted_laplacian', 'vertex_fan_counts', 'vertex_normals',
     'vertex_to_face_averaging',
 ]

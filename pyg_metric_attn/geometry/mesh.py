@@ -44,6 +44,22 @@ def normalize_positions(pos: np.ndarray) -> np.ndarray:
     return centred / radius if radius > 0 else centred
 
 
+def renumber_mesh(pos: np.ndarray, face: np.ndarray,
+                  rng: np.random.Generator
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The same surface numbered at random: vertices and faces in random
+    order, each face's corners rotated by a random 0-2 places (orientation
+    kept). Returns ``(pos, face, vertex_order, face_order)``: new vertex
+    ``i`` is old vertex ``vertex_order[i]``, new face ``f`` old face
+    ``face_order[f]``."""
+    vertex_order = rng.permutation(len(pos))
+    new_index = np.argsort(vertex_order)
+    face_order = rng.permutation(len(face))
+    corners = (np.arange(3) + rng.integers(0, 3, len(face))[:, None]) % 3
+    new_face = np.take_along_axis(new_index[face[face_order]], corners, axis=1)
+    return pos[vertex_order], new_face, vertex_order, face_order
+
+
 def face_areas(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
     r"""Triangle areas :math:`\tfrac12 \|(p_1 - p_0) \times (p_2 - p_0)\|`."""
     cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],

@@ -1,8 +1,10 @@
-"""Point sets as graphs: all pairs among the points of each set."""
+"""Point sets as graphs: all pairs among the points of each set; spread-out
+subsets of each set."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch_geometric.utils import to_dense_batch
 
 
 def check_batch(batch: Tensor, num_nodes: int) -> None:
@@ -51,3 +53,47 @@ def shuffled_sets(num_points: int, set_size: int,
     if set_size < 1:
         raise ValueError(f"'set_size' must be positive, got {set_size}")
     return list(torch.randperm(num_points, generator=generator).split(set_size))
+
+
+def farthest_point_sampling(pos: Tensor, batch: Tensor | None = None,
+                            stride: int = 1) -> Tensor:
+    r"""A boolean mask of :math:`\lceil n / \text{stride} \rceil` points of
+    every set of :math:`n` points, spread out by farthest point sampling:
+    it starts at the point farthest from the set's centroid and repeatedly
+    adds the point farthest from those chosen.
+
+    The choice depends on the positions only, never on the order of the
+    points: ties (equal distances) go to the lexicographically smallest
+    position, and every reduction runs over the points in that order, so a
+    renumbered set gives the same points.
+
+    Args:
+        pos (torch.Tensor): Positions ``[N, D]``.
+        batch (torch.Tensor, optional): Sorted set assignment of each point;
+            :obj:`None` means one set.
+        stride (int): One point chosen per ``stride`` points. (default:
+            :obj:`1`: all)
+    """
+    if stride < 1:
+        raise ValueError(f"'stride' must be positive, got {stride}")
+    if batch is None:
+        batch = torch.zeros(pos.size(0), dtype=torch.long, device=pos.device)
+    order = torch.arange(pos.size(0), device=pos.device)
+    for key in (*pos.unbind(1)[::-1], batch):  # last key sorts first
+        order = order[torch.sort(key[order], stable=True).indices]
+    dense, mask = to_dense_batch(pos[order], batch[order])  # [B, L, D]
+    counts = (mask.sum(1) + stride - 1) // stride
+    rows = torch.arange(dense.size(0), device=pos.device)
+    centroid = dense.sum(1, keepdim=True) / mask.sum(1)[:, None, None]
+    distance = (dense - centroid).square().sum(-1).masked_fill(~mask, -1.0)
+    chosen = torch.zeros_like(mask)
+    nearest = torch.full_like(distance, torch.inf).masked_fill(~mask, -1.0)
+    for step in range(int(counts.max())):
+        current = distance.argmax(1)  # the first maximum: smallest position
+        chosen[rows, current] |= step < counts
+        nearest = torch.minimum(nearest, (dense - dense[rows, current, None])
+                                .square().sum(-1))
+        distance = nearest
+    out = torch.zeros_like(batch, dtype=torch.bool)
+    out[order] = chosen[mask]
+    return out

@@ -226,7 +226,7 @@ class HumanSegTask(Task):
         if isinstance(model, MetricMeshFormer):
             keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
             keys += ('grad_index', 'grad_weight') if self.gradients else ()
-            return model(x, batch.edge_index, batch.batch,
+            return model(x, batch.edge_index, batch.batch, pos=batch.pos,
                          **{key: batch[key] for key in keys})
         return model(x, batch.edge_index)
 

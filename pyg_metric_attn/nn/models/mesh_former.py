@@ -16,6 +16,7 @@ from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
     TangentGradient,
 )
+from pyg_metric_attn.utils.point_sets import farthest_point_sampling
 
 
 class MetricMeshFormerBlock(torch.nn.Module):
@@ -30,8 +31,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
 
     the local step a multi-head :class:`MetricAttentionConv` over the mesh
     edges, the global one a :class:`MetricMultiheadAttention` from every
-    vertex to every ``global_stride``-th vertex (in file order) of the same
-    mesh (dense SDPA kernel; ``global_stride=1``: all pairs), the FFN
+    vertex to the vertices of its mesh that ``global_keys`` marks (all of
+    them when it is :obj:`None`; dense SDPA kernel), the FFN
     ``Linear -> GELU -> Linear`` of width ``2 * channels``; the optional
     first step a :class:`HeatDiffusion` of every channel (learned times)
     followed by a linear map, the mesh's geometry at scales beyond the
@@ -42,10 +43,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
     def __init__(self, channels: int, heads: int, time_scale: float,
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
-                 global_stride: int = 1, diffusion: bool = False,
-                 gradients: bool = False):
+                 diffusion: bool = False, gradients: bool = False):
         super().__init__()
-        self.global_stride = global_stride
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
                              f"'heads' ({heads})")
@@ -73,9 +72,11 @@ class MetricMeshFormerBlock(torch.nn.Module):
 
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
                 spectrum: MeshSpectrum | None = None,
-                gradient: TangentGradient | None = None) -> Tensor:
+                gradient: TangentGradient | None = None,
+                global_keys: OptTensor = None) -> Tensor:
         """``gradient``: the meshes' tangent gradient operators, needed with
-        ``gradients``."""
+        ``gradients``; ``global_keys``: a boolean mask ``[N]`` of the vertices
+        the global step attends to (:obj:`None`: all)."""
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
@@ -92,19 +93,18 @@ class MetricMeshFormerBlock(torch.nn.Module):
             h = h + self.dropout(self.lin_diffusion(diffused))
         h = h + self.dropout(self.local(self.norm_local(h), edge_index))
         if self.global_attention is not None:
-            h = h + self.dropout(self._global(self.norm_global(h), batch))
+            h = h + self.dropout(self._global(self.norm_global(h), batch,
+                                              global_keys))
         return h + self.dropout(self.ffn(self.norm_ffn(h)))
 
-    def _global(self, h: Tensor, batch: OptTensor) -> Tensor:
-        if self.global_stride == 1:
+    def _global(self, h: Tensor, batch: OptTensor,
+                global_keys: OptTensor) -> Tensor:
+        if global_keys is None:
             return self.global_attention.forward_point_sets(h, batch)
         if batch is None:
             batch = h.new_zeros(h.size(0), dtype=torch.long)
         queries, query_mask = to_dense_batch(h, batch)  # [B, L, C]
-        first = torch.cumsum(query_mask.sum(1), 0) - query_mask.sum(1)
-        rank = torch.arange(h.size(0), device=h.device) - first[batch]
-        keep = rank % self.global_stride == 0
-        keys, key_mask = to_dense_batch(h[keep], batch[keep],
+        keys, key_mask = to_dense_batch(h[global_keys], batch[global_keys],
                                         batch_size=queries.size(0))
         out, _ = self.global_attention(queries, keys, keys,
                                        key_padding_mask=~key_mask,
@@ -133,8 +133,12 @@ class MetricMeshFormer(torch.nn.Module):
         global_attention (bool): Add the global step. (default: :obj:`True`)
         metric (str): The pseudo-metric of both attentions.
             (default: :obj:`'metric'`)
-        global_stride (int): Global attention attends to every
-            ``global_stride``-th vertex of each mesh. (default: :obj:`1`)
+        global_stride (int): Global attention attends to one in every
+            ``global_stride`` vertices of each mesh, chosen by
+            :func:`~pyg_metric_attn.utils.point_sets.farthest_point_sampling`
+            of the positions (so the choice does not depend on the vertex
+            numbering); :meth:`forward` then needs ``pos``. (default:
+            :obj:`1`: all vertices)
         diffusion (bool): Start every block with a learned-time
             :class:`HeatDiffusion`; :meth:`forward` then needs the meshes'
             ``evecs``, ``evals`` and ``mass``. (default: :obj:`False`)
@@ -149,13 +153,17 @@ class MetricMeshFormer(torch.nn.Module):
                  metric: str = 'metric', global_stride: int = 1,
                  diffusion: bool = False, gradients: bool = False):
         super().__init__()
+        if global_stride < 1:
+            raise ValueError(f"'global_stride' must be positive, got "
+                             f"{global_stride}")
+        self.global_stride = global_stride if global_attention else 1
         if time_scale is None:
             time_scale = 2.0 * hidden_channels / heads
         self.lin_in = Linear(in_channels, hidden_channels)
         self.blocks = torch.nn.ModuleList([
             MetricMeshFormerBlock(hidden_channels, heads, time_scale,
                                   learn_time_scale, dropout, global_attention,
-                                  metric, global_stride, diffusion, gradients)
+                                  metric, diffusion, gradients)
             for _ in range(num_layers)
         ])
         self.norm_out = LayerNorm(hidden_channels)
@@ -164,7 +172,9 @@ class MetricMeshFormer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
                 evecs: OptTensor = None, evals: OptTensor = None,
                 mass: OptTensor = None, grad_index: OptTensor = None,
-                grad_weight: OptTensor = None) -> Tensor:
+                grad_weight: OptTensor = None, pos: OptTensor = None) -> Tensor:
+        """``pos``: vertex positions ``[N, 3]``, needed with
+        ``global_stride > 1``."""
         spectrum = None  # prepared once, shared by every block's diffusion
         if evecs is not None and evals is not None and mass is not None:
             spectrum = MeshSpectrum.from_batch(evecs, evals, mass, batch)
@@ -172,7 +182,14 @@ class MetricMeshFormer(torch.nn.Module):
         if grad_index is not None and grad_weight is not None:
             gradient = TangentGradient.from_batch(grad_index, grad_weight,
                                                   x.size(0))
+        global_keys = None  # sampled once, shared by every block
+        if self.global_stride > 1:
+            if pos is None:
+                raise ValueError(f"'global_stride={self.global_stride}' picks "
+                                 f"the attended vertices from their positions: "
+                                 f"pass 'pos'")
+            global_keys = farthest_point_sampling(pos, batch, self.global_stride)
         h = self.lin_in(x)
         for block in self.blocks:
-            h = block(h, edge_index, batch, spectrum, gradient)
+            h = block(h, edge_index, batch, spectrum, gradient, global_keys)
         return self.lin_out(self.norm_out(h))
