@@ -185,8 +185,14 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description='Speed/memory benchmarks, one fresh process per case.')
-    parser.add_argument('--suite', choices=['sparse', 'dense', 'all'],
-                        default='all')
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(arg == '--suite=gpu' or argv[i:i + 2] == ['--suite', 'gpu']
+           for i, arg in enumerate(argv)):
+        from benchmarks.gpu_cases import main as gpu_main
+        return gpu_main(argv)
+    parser.add_argument('--suite', choices=['sparse', 'dense', 'all', 'gpu'],
+                        default='all', help="'gpu': see benchmarks/gpu_cases.py "
+                        '(its own options; not part of all)')
     parser.add_argument('--quick', action='store_true',
                         help='a small grid (sparse: 1k/10k nodes, degree 20, '
                              '4 heads; dense: L in {256, 1024})')

@@ -1,5 +1,9 @@
-"""Shared fixtures: scatter backends, random graphs, the shared data root, a
-server that never answers."""
+"""Shared fixtures: the test device, scatter backends, random graphs, the
+shared data root, a server that never answers.
+
+``pytest --device cuda`` (or ``PYG_METRIC_ATTN_TEST_DEVICE=cuda``) runs the
+tests that take the ``device`` fixture on the GPU; the rest, and everything by
+default, run on the CPU as before."""
 from __future__ import annotations
 
 import os
@@ -27,6 +31,37 @@ except ImportError:
 SHARED_DATASETS = Path(os.environ.get(
     'PYG_METRIC_ATTN_SHARED',
     Path(__file__).resolve().parents[1].parent / 'shared' / 'datasets'))
+
+DEVICE_VARIABLE = 'PYG_METRIC_ATTN_TEST_DEVICE'
+
+
+def pytest_addoption(parser):
+    parser.addoption('--device', choices=['cpu', 'cuda'],
+                     default=os.environ.get(DEVICE_VARIABLE, 'cpu'),
+                     help='device of the tests that take the `device` fixture '
+                          f'(default: ${DEVICE_VARIABLE} or cpu)')
+
+
+def pytest_configure(config):
+    device = config.getoption('--device', default='cpu')
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise pytest.UsageError('--device cuda: torch sees no CUDA device')
+    os.environ[DEVICE_VARIABLE] = device  # for module-level parametrisations
+
+
+def test_device() -> str:
+    """The tests' device as a string ('cpu' unless ``--device cuda``)."""
+    return os.environ.get(DEVICE_VARIABLE, 'cpu')
+
+
+test_device.__test__ = False  # a helper, not a test
+
+
+@pytest.fixture(scope='session')
+def device(request) -> torch.device:
+    """The device the test runs on: ``--device`` (default cpu)."""
+    return torch.device(request.config.getoption('--device'))
+
 
 SCATTER_BACKENDS = ['torch'] + (['torch_scatter'] if HAVE_TORCH_SCATTER else [])
 

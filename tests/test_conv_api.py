@@ -38,9 +38,10 @@ def sparse_adjacencies(edge_index, edge_attr, num_nodes):
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
-def test_sparse_adjacency_values_are_the_edge_features(backend):
-    x, edge_index, edge_attr = graph_with_edge_features()
-    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3, backend=backend)
+def test_sparse_adjacency_values_are_the_edge_features(backend, device):
+    x, edge_index, edge_attr = (t.to(device) for t in graph_with_edge_features())
+    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3,
+                               backend=backend).to(device)
     expected = conv(x, edge_index, edge_attr)
     without = conv(x, edge_index)
     assert not torch.allclose(expected, without, atol=1e-3)
@@ -65,11 +66,13 @@ def test_sparse_values_are_ignored_without_edge_dim():
 
 
 @pytest.mark.parametrize('aggr', ['mean', 'max', 'sum'])
-def test_aggr_is_honoured_on_every_backend(aggr):
-    x, edge_index, _ = graph_with_edge_features()
+def test_aggr_is_honoured_on_every_backend(aggr, device):
+    x, edge_index, _ = (t.to(device) for t in graph_with_edge_features())
     torch.manual_seed(0)
-    fused = MetricAttentionConv(8, 4, heads=2, aggr=aggr, backend='fused')
-    scatter = MetricAttentionConv(8, 4, heads=2, aggr=aggr, backend='scatter')
+    fused = MetricAttentionConv(8, 4, heads=2, aggr=aggr,
+                                backend='fused').to(device)
+    scatter = MetricAttentionConv(8, 4, heads=2, aggr=aggr,
+                                  backend='scatter').to(device)
     scatter.load_state_dict(fused.state_dict())
     torch.testing.assert_close(fused(x, edge_index), scatter(x, edge_index))
 

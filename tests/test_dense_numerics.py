@@ -75,14 +75,16 @@ def assert_attention_close(out, expected, values, batch, tolerance=1e-4):
 @pytest.mark.parametrize('scale,offset', [(1.0, 1e4), (1e2, 1e4), (1e4, 1e4),
                                           (1e4, 0.0), (1.0, 1e2)])
 def test_point_sets_far_apart_match_float64_direct_differences(metric, scale,
-                                                               offset):
+                                                               offset, device):
     """Graphs at +c, -c and 0 in one mini-batch: each set is centred on its
     own points, not on the padded batch mean."""
     torch.manual_seed(0)
     conv = MetricAttentionConv(8, 4, heads=2, metric=metric,
                                time_scale=2.0).eval()
     x, batch = point_batch(scale, offset)
-    out = conv.forward_point_sets(x, batch)
+    out = conv.to(device).forward_point_sets(x.to(device),
+                                             batch.to(device)).cpu()
+    conv.cpu()
     with torch.no_grad():
         values = conv._values(x).flatten(1).double()
     assert_attention_close(out, conv_reference(conv, x, batch), values, batch)

@@ -18,7 +18,8 @@ def reference(q, k, v, metric, t=1.0, mask=None, causal=False):
         logits = -torch.cdist(q, k).square() / t
     if causal:
         lq, lk = logits.shape[-2:]
-        logits = logits.masked_fill(~torch.ones(lq, lk, dtype=torch.bool).tril(),
+        logits = logits.masked_fill(~torch.ones(lq, lk, dtype=torch.bool,
+                                                device=logits.device).tril(),
                                     float('-inf'))
     if mask is not None:
         logits = logits.masked_fill(~mask, float('-inf'))
@@ -33,17 +34,18 @@ def rel(a, b):
 @pytest.mark.parametrize('metric', ['metric', 'l2', 'dot'])
 @pytest.mark.parametrize('offset', [0.0, 1e3])
 @pytest.mark.parametrize('grad', [False, True])
-def test_matches_cdist_reference_with_masks(metric, offset, grad):
+def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
     """Both SDPA forms (key bias for inference, augmented for training or
     causal calls) against float64, gradients included."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 3, 2, 33, 8
-    q = torch.randn(B, H, L, D, generator=g) + offset
-    k = (torch.randn(B, H, L, D, generator=g) + offset).requires_grad_(grad)
-    v = torch.randn(B, H, L, 5, generator=g, requires_grad=grad)
+    q = (torch.randn(B, H, L, D, generator=g) + offset).to(device)
+    k = (torch.randn(B, H, L, D, generator=g) + offset).to(device) \
+        .requires_grad_(grad)
+    v = torch.randn(B, H, L, 5, generator=g).to(device).requires_grad_(grad)
     padding = torch.ones(B, L, dtype=torch.bool)
     padding[1, 20:] = False
-    mask = padding.view(B, 1, 1, L)
+    mask = padding.view(B, 1, 1, L).to(device)
     for causal in (False, True):
         out, _ = dense_metric_attention(q, k, v, metric, 0.8, attn_mask=mask,
                                         is_causal=causal)
@@ -53,7 +55,7 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad):
         assert rel(out, expected) < 1e-5
         if not grad:
             continue
-        weight = torch.randn(out.shape, generator=g)
+        weight = torch.randn(out.shape, generator=g).to(device)
         inputs = (k, v)
         grads = torch.autograd.grad((out * weight).sum(), inputs)
         expected_grads = torch.autograd.grad((expected * weight).sum(), inputs)
@@ -114,9 +116,10 @@ def test_learned_time_scale_tensor_and_gradients():
     assert rel(out, reference(q, k, v, 'l2', 0.6)[0]) < 1e-10
 
 
-def test_bf16_is_close():
+def test_bf16_is_close(device):
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 4, 64, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 64, 16, generator=g).to(device)
+               for _ in range(3))
     out, _ = dense_metric_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(),
                                     'metric')
     assert rel(out.float(), reference(q, k, v, 'metric')[0]) < 3e-2

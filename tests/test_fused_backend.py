@@ -35,7 +35,8 @@ def run(conv, backend, x, edge_index, edge_attr, seed=0):
     torch.manual_seed(seed)  # the same dropout draw on both paths
     out, (ei, alpha) = conv(tuple(xs) if isinstance(x, tuple) else xs[0],
                             edge_index, edge_attr, return_attention_weights=True)
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype,
+                            device=out.device).view_as(out)
     (out * weight).sum().backward()
     grads = [t.grad for t in xs] + [p.grad for p in conv.parameters()]
     return out.detach(), ei, alpha.detach(), grads
@@ -70,15 +71,16 @@ CASES = {
                                              (torch.float64, 1e-12)])
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('case', list(CASES))
-def test_fused_equals_scatter(case, metric, dtype, tolerance):
+def test_fused_equals_scatter(case, metric, dtype, tolerance, device):
     g = torch.Generator().manual_seed(len(case))
     n = 40
-    edge_index = messy_graph(n, n, g)
-    edge_attr = torch.randn(edge_index.size(1), 4, generator=g, dtype=dtype)
-    x = torch.randn(n, 8, generator=g, dtype=dtype)
+    edge_index = messy_graph(n, n, g).to(device)
+    edge_attr = torch.randn(edge_index.size(1), 4, generator=g,
+                            dtype=dtype).to(device)
+    x = torch.randn(n, 8, generator=g, dtype=dtype).to(device)
     torch.manual_seed(1)
     kwargs = dict(add_self_loops=False) | CASES[case]
-    conv = MetricAttentionConv(8, 8, metric=metric, **kwargs).to(dtype)
+    conv = MetricAttentionConv(8, 8, metric=metric, **kwargs).to(device, dtype)
     if kwargs.get('edge_dim') is None:
         edge_attr = None
     scatter = run(conv, 'scatter', x, edge_index, edge_attr)
@@ -105,14 +107,17 @@ def test_fused_equals_scatter_bipartite(metric):
 
 
 @pytest.mark.parametrize('metric', METRICS)
-def test_fused_gradcheck(metric):
+def test_fused_gradcheck(metric, device):
     g = torch.Generator().manual_seed(6)
-    edge_index = messy_graph(7, 7, g)
-    edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double, generator=g)
+    edge_index = messy_graph(7, 7, g).to(device)
+    edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double,
+                            generator=g).to(device)
     conv = MetricAttentionConv(4, 3, heads=2, metric=metric, edge_dim=2,
                                learn_time_scale=True, time_scale=0.5,
-                               backend='fused', add_self_loops=False).double()
-    x = torch.randn(7, 4, dtype=torch.double, generator=g, requires_grad=True)
+                               backend='fused', add_self_loops=False)
+    conv = conv.to(device, torch.double)
+    x = torch.randn(7, 4, dtype=torch.double, generator=g).to(device) \
+        .requires_grad_()
     assert torch.autograd.gradcheck(
         lambda x, *params: conv(x, edge_index, edge_attr),
         (x, *conv.parameters()), fast_mode=True)

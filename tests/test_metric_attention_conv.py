@@ -94,7 +94,7 @@ def rel_error(a, b):
 @pytest.mark.parametrize('heads,concat', [(1, True), (3, True), (3, False)])
 @pytest.mark.parametrize('backend', BACKENDS)
 def test_matches_dense_reference(metric, add_self_loops, heads, concat, backend,
-                                 scatter_backend):
+                                 scatter_backend, device):
     g = torch.Generator().manual_seed(hash((metric, add_self_loops, heads)) % 2**31)
     torch.manual_seed(0)
     n = 23
@@ -105,7 +105,9 @@ def test_matches_dense_reference(metric, add_self_loops, heads, concat, backend,
                                time_scale=0.7, backend=backend).double()
     with torch.no_grad():
         conv.bias.normal_()
-    out, (ei, alpha) = conv(x, edge_index, return_attention_weights=True)
+    out, (ei, alpha) = conv.to(device)(x.to(device), edge_index.to(device),
+                                       return_attention_weights=True)
+    conv, out, ei, alpha = conv.cpu(), out.cpu(), ei.cpu(), alpha.cpu()
     ref_out, ref_attention = reference_forward(conv, x, x, edge_index)
     assert out.shape == (n, 5 * heads if concat else 5)
     assert rel_error(out, ref_out) < 1e-6
@@ -117,7 +119,8 @@ def test_matches_dense_reference(metric, add_self_loops, heads, concat, backend,
 
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('backend', BACKENDS)
-def test_value_free_edge_features_bipartite_match_reference(metric, backend):
+def test_value_free_edge_features_bipartite_match_reference(metric, backend,
+                                                            device):
     g = torch.Generator().manual_seed(1)
     n_src, n_dst = 17, 11
     edge_index = random_graph(n_src, n_dst, 0.3, g)
@@ -127,7 +130,9 @@ def test_value_free_edge_features_bipartite_match_reference(metric, backend):
     conv = MetricAttentionConv(6, 6, heads=2, metric=metric, value=False,
                                edge_dim=4, metric_channels=3, mlp_channels=9,
                                backend=backend).double()
-    out = conv((x_src, x_dst), edge_index, edge_attr)
+    out = conv.to(device)((x_src.to(device), x_dst.to(device)),
+                          edge_index.to(device), edge_attr.to(device)).cpu()
+    conv.cpu()
     ref_out, _ = reference_forward(conv, x_src, x_dst, edge_index, edge_attr)
     assert rel_error(out, ref_out) < 1e-6
 
@@ -146,14 +151,16 @@ def test_unequal_bipartite_widths_use_one_map_per_side():
 
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('backend', BACKENDS)
-def test_gradcheck(metric, backend):
+def test_gradcheck(metric, backend, device):
     g = torch.Generator().manual_seed(3)
-    edge_index = random_graph(8, 8, 0.4, g)
-    edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double, generator=g)
+    edge_index = random_graph(8, 8, 0.4, g).to(device)
+    edge_attr = torch.randn(edge_index.size(1), 2, dtype=torch.double,
+                            generator=g).to(device)
     conv = MetricAttentionConv(4, 3, heads=2, metric=metric, edge_dim=2,
                                learn_time_scale=True, time_scale=0.5,
-                               backend=backend).double()
-    x = torch.randn(8, 4, dtype=torch.double, generator=g, requires_grad=True)
+                               backend=backend).double().to(device)
+    x = torch.randn(8, 4, dtype=torch.double, generator=g).to(device) \
+        .requires_grad_()
     params = [p for p in conv.parameters()]
 
     def f(x, *params):
@@ -310,19 +317,19 @@ def test_far_from_origin_and_huge_inputs_stay_finite():
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize('metric', METRICS)
-def test_autocast_low_precision_is_finite(dtype, metric):
+def test_autocast_low_precision_is_finite(dtype, metric, device):
     g = torch.Generator().manual_seed(9)
-    edge_index = random_graph(40, 40, 0.2, g)
-    x = (torch.randn(40, 16, generator=g) * 30).requires_grad_()
-    conv = MetricAttentionConv(16, 8, heads=4, metric=metric)
-    with torch.autocast('cpu', dtype=dtype):
+    edge_index = random_graph(40, 40, 0.2, g).to(device)
+    x = (torch.randn(40, 16, generator=g) * 30).to(device).requires_grad_()
+    conv = MetricAttentionConv(16, 8, heads=4, metric=metric).to(device)
+    with torch.autocast(device.type, dtype=dtype):
         out, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
     assert alpha.dtype == torch.float32  # logits and softmax in float32
     out.float().sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     # At unit scale the low-precision result is close to float32:
     x = x.detach() / 30
-    with torch.autocast('cpu', dtype=dtype):
+    with torch.autocast(device.type, dtype=dtype):
         out = conv(x, edge_index)
     expected = conv(x, edge_index)
     assert torch.allclose(out.float(), expected,

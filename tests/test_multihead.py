@@ -52,12 +52,13 @@ def rel(a, b):
 
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('offset', [0.0, 100.0])
-def test_self_attention_with_padding_matches_naive(metric, offset):
+def test_self_attention_with_padding_matches_naive(metric, offset, device):
     torch.manual_seed(0)
     mha = MetricMultiheadAttention(32, 4, metric=metric, time_scale=3.0).eval()
     x = torch.randn(3, 17, 32) + offset
     padding = torch.zeros(3, 17, dtype=torch.bool)
     padding[0, 12:] = True
+    mha, x, padding = mha.to(device), x.to(device), padding.to(device)
     out, weights = mha(x, x, x, key_padding_mask=padding, need_weights=False)
     assert weights is None
     expected = naive(mha, x, x, x, padding.view(3, 1, 17).expand(3, 17, 17))
@@ -84,7 +85,7 @@ def test_cross_attention_with_attn_mask_and_causal(metric):
     assert torch.all(weights.masked_select(causal) == 0)
 
 
-def test_dot_equals_torch_multihead_attention():
+def test_dot_equals_torch_multihead_attention(device):
     torch.manual_seed(2)
     ours = MetricMultiheadAttention(24, 3, metric='dot').eval()
     torch_mha = torch.nn.MultiheadAttention(24, 3, batch_first=True).eval()
@@ -101,6 +102,8 @@ def test_dot_equals_torch_multihead_attention():
     padding = torch.zeros(4, 10, dtype=torch.bool)
     padding[1, 7:] = True
     causal = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    ours, torch_mha = ours.to(device), torch_mha.to(device)
+    x, padding, causal = x.to(device), padding.to(device), causal.to(device)
     ours_out, ours_w = ours(x, x, x, key_padding_mask=padding, attn_mask=causal,
                             average_attn_weights=False)
     ref_out, ref_w = torch_mha(x, x, x, key_padding_mask=padding, attn_mask=causal,

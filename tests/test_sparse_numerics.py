@@ -66,10 +66,12 @@ def reference_alpha(conv: MetricAttentionConv, seen: dict,
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('offset,scale', [(1e3, 1.0), (1e4, 1.0), (1e4, 1e2),
                                           (0.0, 1e4), (1e4, 1e4)])
-def test_batched_graphs_far_apart_match_float64(metric, backend, offset, scale):
+def test_batched_graphs_far_apart_match_float64(metric, backend, offset, scale,
+                                                device):
     torch.manual_seed(0)
-    x, edge_index = far_apart_batch(offset, scale)
-    conv = MetricAttentionConv(8, 4, heads=2, metric=metric, backend=backend)
+    x, edge_index = (t.to(device) for t in far_apart_batch(offset, scale))
+    conv = MetricAttentionConv(8, 4, heads=2, metric=metric,
+                               backend=backend).to(device)
     seen = capture_embeddings(conv)
     out, (edges, alpha) = conv(x, edge_index, return_attention_weights=True)
     expected = reference_alpha(conv, seen, edges, x.size(0))

@@ -1,0 +1,118 @@
+"""The GPU benchmark suite at tiny sizes on the CPU: the jobs, a measured job
+in a fresh process, the budget, the graphs and the report (no timing is
+asserted). The triton variant runs in Triton's interpreter (conftest.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import gpu_cases
+from benchmarks.run import main as run_main
+
+
+def test_a_tiny_run_writes_results_and_tables(tmp_path):
+    run_main(['--suite', 'gpu', '--device', 'cpu', '--tiny', '--out',
+              str(tmp_path), '--min-time', '0', '--only',
+              'sparse uniform 60/400 float32', '--variants', 'GATConv',
+              'metric-scatter', '--multi30k', 'off'])
+    results = json.loads((tmp_path / 'gpu-tiny.json').read_text())['results']
+    assert {(r['case']['variant'], r['mode']) for r in results} == {
+        (v, m) for v in ('GATConv', 'metric-scatter') for m in gpu_cases.MODES}
+    assert all(r['status'] == 'ok' and len(r['times_s']) >= 3 for r in results)
+    table = (tmp_path / 'gpu-tiny.md').read_text()
+    assert '| uniform 60/400 float32 | forward_backward |' in table
+
+
+def test_sdpa_kernel_check_names_the_cpu_kernels():
+    report = gpu_cases.sdpa_kernels(torch.device('cpu'), length=16, batch=2,
+                                    heads=2, head_dim=8)
+    variants = report['variants']
+    assert set(variants) == {'sdpa-dot', 'metric-sdpa', 'mha-dot', 'mha-metric'}
+    # On a CPU the fused CPU kernel runs (never the math fallback).
+    assert {v['kernel'] for v in variants.values()} == {'flash'}
+    assert any('flash_attention_for_cpu' in name
+               for name in variants['metric-sdpa']['names'])
+    assert report['metric_sdpa_fused']
+    result = dict(case=dict(kind='sdpa-kernels', variant='profile'),
+                  mode='forward_backward', status='ok', kernels=report)
+    table = gpu_cases.report(dict(size='tiny', device='cpu', command='c',
+                                  machine='m', torch='t', cuda=None,
+                                  torch_geometric='g', triton='x',
+                                  torch_scatter='s', torch_sparse='p',
+                                  date='d', budget_s=1), [result])
+    assert '| metric-SDPA SDPA kernel (fwd+bwd, bfloat16) | flash |' in table
+
+
+def test_an_exhausted_budget_skips_and_resume_keeps_results(tmp_path):
+    job = gpu_cases.jobs('tiny', gpu_cases.parse_args(
+        ['--tiny', '--multi30k', 'off']))[1]
+    args = gpu_cases.parse_args(['--device', 'cpu', '--tiny'])
+    skipped = gpu_cases.run_job(job, args, deadline=0.0, log_dir=tmp_path)
+    assert {r['status'] for r in skipped} == {'skipped'}
+    done = {gpu_cases.result_key(r['case'], r['mode']): r | dict(status='ok')
+            for r in skipped}
+    kept = gpu_cases.run_job(job, args, deadline=0.0, log_dir=tmp_path,
+                             previous=done)
+    assert {r['status'] for r in kept} == {'ok'}
+
+
+def test_the_full_plan_runs_the_targets_first():
+    names = [job['name'] for job in gpu_cases.jobs(
+        'full', gpu_cases.parse_args(['--multi30k', 'synthetic']))]
+    assert names[:4] == ['sdpa-kernels L=4096', 'dense-kernel L=4096 bfloat16',
+                         'sparse uniform 100k/2M float32',
+                         'sparse uniform 1M/20M float32']
+    assert names[-1] == 'multi30k base 300 steps'
+    assert len(names) == len(set(names)) == 16
+
+
+def test_power_law_graph_has_hubs_and_is_deterministic():
+    edge_index = gpu_cases.power_law_edge_index(2000, 40_000, torch.device('cpu'))
+    assert edge_index.shape == (2, 40_000)
+    assert 0 <= int(edge_index.min()) and int(edge_index.max()) < 2000
+    in_degree = torch.bincount(edge_index[1], minlength=2000)
+    assert int(in_degree.max()) > 20 * 40_000 / 2000  # hubs ...
+    assert int((in_degree == 0).sum()) > 0  # ... and leaves without edges
+    assert torch.equal(edge_index, gpu_cases.power_law_edge_index(
+        2000, 40_000, torch.device('cpu')))
+
+
+def test_triton_variant_runs_a_step():
+    pytest.importorskip('triton')
+    case = dict(kind='sparse', variant='metric-triton', graph='power-law',
+                nodes=12, edges=40, dtype='float32', heads=2, channels=4)
+    step = gpu_cases.build_step(case, 'forward_backward',
+                                gpu_cases.Job(torch.device('cpu')))
+    step()
+
+
+def test_targets_report_met_missed_and_oom():
+    def result(variant, mode, status='ok', seconds=1.0, memory=100.0, **case):
+        return dict(case=dict(variant=variant, **case), mode=mode,
+                    status=status, median_s=seconds,
+                    peak_over_baseline_mib=memory)
+
+    sparse = dict(kind='sparse', graph='uniform', dtype='float32')
+    small, big = dict(nodes=100_000, edges=2_000_000), dict(
+        nodes=1_000_000, edges=20_000_000)
+    dense = dict(kind='dense-kernel', length=4096)
+    results = [
+        result('GATConv', 'forward_backward', seconds=1.0, memory=1000, **sparse,
+               **small),
+        result('metric-triton', 'forward_backward', seconds=0.25, memory=300,
+               **sparse, **small),
+        result('GATConv', 'forward_backward', status='OOM', **sparse, **big),
+        result('metric-triton', 'forward_backward', **sparse, **big),
+        result('sdpa-dot', 'forward', seconds=1.0, **dense),
+        result('metric-sdpa', 'forward', seconds=1.1, **dense)]
+    rows = {row[0]: row for row in gpu_cases.targets(results, 'full')}
+    assert rows['metric-triton time / GATConv, 100k/2M float32 fwd+bwd'][3]
+    assert not rows['metric-triton peak memory / GATConv, 100k/2M float32 '
+                    'fwd+bwd'][3]
+    assert rows['GATConv peak memory / metric-triton, 1M/20M float32 '
+                'fwd+bwd'][1:] == ('GATConv OOM, metric-triton ran', '>= 5', True)
+    assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 forward'][3]
+    assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 '
+                'forward_backward'][1].startswith('not measured')
