@@ -97,7 +97,7 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
         counted = counted & mask
     count = counted.sum(dim, keepdim=True).clamp(min=1)
     # Divide before summing: no overflow even for keys near the dtype's max.
-    centre = torch.where(counted, key_data / count, 0).sum(dim, keepdim=True)
+    centre = torch.where(counted, key_data, 0).div_(count).sum(dim, keepdim=True)
     return query - centre, key - centre
 
 
@@ -170,8 +170,8 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
 def _fused_is_accurate(query: Tensor, key: Tensor, metric: str,
                        time_scale: float | Tensor) -> bool:
     """Whether the estimated rounding error of the fused logits (see the
-    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE``; norms are taken
-    in float64 over the finite points, so overflow reads as inaccurate."""
+    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE``, from the norms
+    of the finite points (an overflowing norm reads as inaccurate)."""
     rounding = torch.finfo(torch.promote_types(query.dtype,
                                                torch.float32)).eps / 2
     query_norm, key_norm = _largest_norm(query), _largest_norm(key)
@@ -179,16 +179,17 @@ def _fused_is_accurate(query: Tensor, key: Tensor, metric: str,
         error = query_norm * key_norm
     else:
         error = math.sqrt(query.size(-1)) * (query_norm + key_norm) ** 2
-    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(float(time_scale))
+    time_scale = float(torch.as_tensor(time_scale).detach())
+    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(time_scale)
 
 
 def _largest_norm(points: Tensor) -> float:
     """The largest Euclidean norm of a finite point (rows along the last
-    dimension), in float64; 0 without any."""
+    dimension); 0 without any, infinite where a norm overflows."""
     points = points.detach()
-    norms = torch.linalg.vector_norm(points, dim=-1, dtype=torch.float64)
-    finite = torch.where(points.isfinite().all(-1), norms, 0)
-    return float(finite.max()) if finite.numel() else 0.0
+    norms = torch.where(points.isfinite().all(-1),
+                        torch.linalg.vector_norm(points, dim=-1), 0)
+    return float(norms.max()) if norms.numel() else 0.0
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
