@@ -6,6 +6,7 @@ turns it into a zero-argument ``step`` that runs one forward (under
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +18,11 @@ SPARSE_BASELINE = 'GATConv'
 SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv',
                    'metric-scatter', 'metric-fused', 'l2-scatter', 'l2-fused',
                    'dot-scatter', 'dot-fused')
-# Dense suite: SDPA, metric-SDPA (auto form, and each form forced) and the
-# naive cdist + softmax.
+# Dense suite: SDPA, metric-SDPA (auto form, without the denormal flush, and
+# each form forced) and the naive cdist + softmax.
 DENSE_BASELINE = 'sdpa-dot'
-DENSE_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-key-bias',
-                  'metric-augmented', 'naive-cdist')
+DENSE_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-sdpa-unflushed',
+                  'metric-key-bias', 'metric-augmented', 'naive-cdist')
 MODES = ('forward', 'forward_backward')
 
 
@@ -52,11 +53,15 @@ def dense_attention(variant: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     import torch.nn.functional as F
 
     from pyg_metric_attn.nn import functional
+    from pyg_metric_attn.utils import denormals
 
     if variant == 'sdpa-dot':
         return F.scaled_dot_product_attention
     if variant == 'metric-sdpa':
         return lambda q, k, v: functional.dense_metric_attention(q, k, v)[0]
+    if variant == 'metric-sdpa-unflushed':  # a fresh process per case
+        os.environ[denormals.SWITCH] = '0'
+        return dense_attention('metric-sdpa')
     if variant == 'metric-key-bias':
         return lambda q, k, v: functional._key_bias_sdpa(
             *functional.centred(q, k), v, 1.0, None, 0.0)

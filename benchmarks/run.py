@@ -1,7 +1,7 @@
 """Run the benchmark suites, one fresh process per configuration.
 
     python -m benchmarks.run --suite sparse|dense|all [--quick]
-        [--lengths L ...] [--out DIR]
+        [--lengths L ...] [--variants NAME ...] [--out DIR]
 
 Each (case, mode) runs ``python -m benchmarks.measure`` under a memory cap
 (``RLIMIT_AS``) and a timeout; one that runs out of either becomes an ``OOM``
@@ -94,9 +94,11 @@ def maybe_locked(path: str | None) -> Iterator[None]:
 
 
 def run_suite(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    make_cases, _ = SUITES[name]
+    make_cases, baseline = SUITES[name]
     cases = [case for case in make_cases(args.quick)
-             if args.lengths is None or case.get('length') in args.lengths]
+             if (args.lengths is None or case.get('length') in args.lengths)
+             and (args.variants is None
+                  or case['variant'] in (*args.variants, baseline))]
     results = []
     with tqdm(total=len(cases) * len(MODES), desc=name, unit='run') as bar:
         for _, group in itertools.groupby(cases, key=group_key):
@@ -198,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
                              '4 heads; dense: L in {256, 1024})')
     parser.add_argument('--lengths', type=int, nargs='+', default=None,
                         help='dense: only these sequence lengths')
+    parser.add_argument('--variants', nargs='+', default=None,
+                        help='only these variants (and the baseline)')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks' / 'results')
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--device', default='cpu')

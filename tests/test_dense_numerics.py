@@ -323,3 +323,17 @@ def test_flushing_changes_sdpa_results_only_below_the_normal_range(
     unflushed = run()
     for a, b in zip(flushed, unflushed, strict=True):
         assert (a - b).abs().max() < 1e-30
+
+
+def test_the_flush_can_be_switched_off(two_threads, monkeypatch):
+    x = torch.full((1 << 20,), 1e-20)
+    monkeypatch.setenv(denormals.SWITCH, '0')
+    denormals._runtime.cache_clear()
+    try:
+        with denormals_flushed():
+            assert torch.all(tiny_products(x) > 0)
+    finally:
+        monkeypatch.undo()
+        denormals._runtime.cache_clear()
+    with denormals_flushed():
+        assert torch.all(tiny_products(x) == 0)

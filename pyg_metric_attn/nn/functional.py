@@ -40,7 +40,8 @@ attend to are zeroed. The expanded form then still rounds each logit by about
 ``'dot'`` :math:`u \max\|q\| \max\|k\| / t`), because it cancels large
 terms. Where
 this estimate exceeds ``LOGIT_ROUNDING_TOLERANCE`` (``1e-3``; e.g. spread-out
-points, or points so large that the expanded form would overflow) the call
+points, points so large that the expanded form would overflow, or an
+infinite point) the call
 takes the exact path instead: explicit logits from direct differences in
 float64, which are finite for all finite inputs but store the
 ``L_q x L_k`` matrix. Under :func:`torch.compile` this data-dependent check
@@ -92,12 +93,14 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
     last dimension) only the keys where it is :obj:`True`; with no key left
     the centre is zero."""
     key_data = key.detach()
-    counted = key_data.isfinite().all(-1, keepdim=True)
+    # A key counts where its coordinate sum is finite (cheaper than checking
+    # each coordinate; a finite key whose sum overflows just does not count).
+    counted = key_data.sum(-1, keepdim=True).isfinite()
     if mask is not None:
         counted = counted & mask
     count = counted.sum(dim, keepdim=True).clamp(min=1)
     # Divide before summing: no overflow even for keys near the dtype's max.
-    centre = torch.where(counted, key_data / count, 0).sum(dim, keepdim=True)
+    centre = torch.where(counted, key_data, 0).div_(count).sum(dim, keepdim=True)
     return query - centre, key - centre
 
 
@@ -170,8 +173,8 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
 def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
                        time_scale: float | Tensor) -> bool:
     """Whether the estimated rounding error of the fused logits (see the
-    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE``; norms are taken
-    in float64 over the finite points, so overflow reads as inaccurate."""
+    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE`` (an infinite
+    point or an overflowing norm reads as inaccurate)."""
     rounding = torch.finfo(torch.promote_types(query.dtype,
                                                torch.float32)).eps / 2
     query_norm, key_norm = _largest_norm(query), _largest_norm(key)
@@ -179,16 +182,16 @@ def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
         error = query_norm * key_norm
     else:
         error = math.sqrt(query.size(-1)) * (query_norm + key_norm) ** 2
-    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(float(time_scale))
+    time_scale = float(torch.as_tensor(time_scale).detach())
+    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(time_scale)
 
 
 def _largest_norm(points: Tensor) -> float:
-    """The largest Euclidean norm of a finite point (rows along the last
-    dimension), in float64; 0 without any."""
-    points = points.detach()
-    norms = torch.linalg.vector_norm(points, dim=-1, dtype=torch.float64)
-    finite = torch.where(points.isfinite().all(-1), norms, 0)
-    return float(finite.max()) if finite.numel() else 0.0
+    """The largest Euclidean norm of a point (rows along the last dimension),
+    ignoring NaN rows; infinite entries and overflowing norms count as the
+    dtype's largest value. 0 without any point."""
+    norms = torch.linalg.vector_norm(points.detach(), dim=-1)
+    return float(norms.nan_to_num(nan=0.0).max()) if norms.numel() else 0.0
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,

@@ -11,7 +11,9 @@ runtime's ``GOMP_parallel`` entry point (exported by GNU libgomp, LLVM libomp
 and Intel libiomp5), and afterwards puts the caller's floating-point
 environment back on all of them. Flushing changes only values below the
 smallest normal float, to zero. Where this is not available (not Linux
-x86-64, or torch's intra-op backend is not OpenMP) it does nothing.
+x86-64, or torch's intra-op backend is not OpenMP) or switched off with the
+environment variable ``PYG_METRIC_ATTN_FLUSH_DENORMALS=0`` (read once per
+process) it does nothing.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from torch import Tensor
 # MXCSR flush-to-zero and denormals-are-zero bits.
 FLUSH_BITS = 0x8040
 OPENMP_LIBRARIES = ('libgomp', 'libomp', 'libiomp5')
+SWITCH = 'PYG_METRIC_ATTN_FLUSH_DENORMALS'
 
 
 class _Environment(ctypes.Structure):
@@ -50,7 +53,8 @@ class _Runtime(NamedTuple):
 @functools.cache
 def _runtime() -> _Runtime | None:
     """The OpenMP runtime torch runs its intra-op threads on, or None."""
-    if sys.platform != 'linux' or platform.machine() != 'x86_64' or \
+    if os.environ.get(SWITCH) == '0' or sys.platform != 'linux' or \
+            platform.machine() != 'x86_64' or \
             'parallel backend: OpenMP' not in torch.__config__.parallel_info():
         return None
     with open('/proc/self/maps') as maps:
