@@ -4,6 +4,7 @@ flushed on every intra-op thread."""
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
 
 import pytest
@@ -270,9 +271,20 @@ def test_clear_errors():
 
 @pytest.fixture
 def two_threads():
+    """Two intra-op threads, all without flushing (an earlier test or a
+    loaded fast-math library may have switched it on), restored afterwards."""
+    runtime = denormals._runtime()
+    if runtime is None:
+        pytest.skip('no OpenMP runtime on Linux x86-64 to flush denormals on')
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
+    saved = denormals._Environment()
+    runtime.fegetenv(ctypes.byref(saved))
+    cleared = denormals._Environment.from_buffer_copy(saved)
+    cleared.mxcsr &= ~denormals.FLUSH_BITS
+    runtime.set_on_all_threads(cleared)
     yield
+    runtime.set_on_all_threads(saved)
     torch.set_num_threads(threads)
 
 
