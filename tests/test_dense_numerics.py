@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 import ctypes
 import math
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -302,6 +305,26 @@ def test_denormals_flush_on_all_worker_threads_and_restore(two_threads):
     assert torch.all(tiny_products(x) > 0)
     with denormals_flushed(enabled=False):
         assert torch.all(tiny_products(x) > 0)
+
+
+def test_denormals_flush_torchs_threads_beside_other_openmp_runtimes():
+    """scikit-learn loads a second libgomp; the flush must reach torch's
+    threads, not that runtime's (a fresh process: the runtime is cached)."""
+    code = textwrap.dedent("""
+        import sklearn.decomposition  # its own libgomp, loaded first
+        import torch
+        from pyg_metric_attn.utils import denormals
+        if denormals._runtime() is None:
+            print('skip')
+        else:
+            torch.set_num_threads(2)
+            x = torch.full((1 << 20,), 1e-20)
+            with denormals.denormals_flushed():
+                print(bool(torch.all(x * 1e-19 == 0)))
+    """)
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.strip() in ('True', 'skip'), result.stderr[-2000:]
 
 
 def test_denormals_flush_in_the_backward_of_a_marked_op(two_threads):

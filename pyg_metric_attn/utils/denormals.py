@@ -60,7 +60,10 @@ def _runtime() -> _Runtime | None:
     with open('/proc/self/maps') as maps:
         paths = {line.split()[-1] for line in maps if '/' in line}
     libc = ctypes.CDLL(None)
-    for path in sorted(paths):
+    # Other packages load their own OpenMP runtimes (scikit-learn vendors a
+    # libgomp): torch's threads belong to the one in torch's own folder.
+    torch_folder = os.path.dirname(torch.__file__) + os.sep
+    for path in sorted(paths, key=lambda p: (not p.startswith(torch_folder), p)):
         if os.path.basename(path).startswith(OPENMP_LIBRARIES):
             parallel = getattr(ctypes.CDLL(path), 'GOMP_parallel', None)
             if parallel is not None:
