@@ -117,7 +117,11 @@ degree far below ``BLOCK_E`` leave lanes idle (a multi-row tile would fill
 them; not done). ``D`` and ``C`` are padded to powers of two (>= 16) and held
 in registers, so very wide heads (> 256) spill. Everything else is gathered
 with no tensor-core use (sparse rows give no dense tile). ``time_scale`` is
-read from device memory, never synchronised. Kernels are built on first use:
+read from device memory, never synchronised. Logits live in float32 registers: a
+``'dot'`` logit beyond float32's range (:math:`|q \cdot k| / (\sqrt{D} t)
+> 3.4 \times 10^{38}`) overflows and its row becomes NaN, where the fused and
+scatter paths (float64 logits) stay finite; distance logits only saturate to
+``-inf`` (zero weight). Kernels are built on first use:
 ``TRITON_INTERPRET=1`` must be set before the first call (not necessarily
 before importing triton) to run on CPU tensors in Triton's interpreter.
 Only long-standing Triton language features are used (``tl.rand``,
