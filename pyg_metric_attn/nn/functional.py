@@ -101,7 +101,9 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
     count = counted.sum(dim, keepdim=True).clamp(min=1)
     # Divide before summing: no overflow even for keys near the dtype's max.
     centre = torch.where(counted, key_data, 0).div_(count).sum(dim, keepdim=True)
-    return query - centre, key - centre
+    shifted_key = key - centre
+    # Self-attention with a tied map: shift once (and keep `query is key`).
+    return (shifted_key if query is key else query - centre), shifted_key
 
 
 def dense_metric_attention(
@@ -171,13 +173,14 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
 
 
 def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
-                       time_scale: float | Tensor) -> bool:
+                                 time_scale: float | Tensor) -> bool:
     """Whether the estimated rounding error of the fused logits (see the
     module docstring) is within ``LOGIT_ROUNDING_TOLERANCE`` (an infinite
     point or an overflowing norm reads as inaccurate)."""
     rounding = torch.finfo(torch.promote_types(query.dtype,
                                                torch.float32)).eps / 2
-    query_norm, key_norm = _largest_norm(query), _largest_norm(key)
+    key_norm = _largest_norm(key)
+    query_norm = key_norm if query is key else _largest_norm(query)
     if metric == 'dot':
         error = query_norm * key_norm
     else:
