@@ -70,6 +70,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.measure import is_out_of_memory
+from benchmarks.run import format_cell
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SPARSE_BASELINE = 'GATConv'
@@ -316,13 +319,6 @@ def measure(step: Callable[[], None], device: torch.device, min_time: float,
         result.update(peak_mib=peak / 2**20, baseline_mib=baseline / 2**20,
                       peak_over_baseline_mib=(peak - baseline) / 2**20)
     return result
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, MemoryError | torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return 'out of memory' in text or 'failed to allocate' in text
 
 
 # ----------------------------------------------------- the SDPA kernel check
@@ -963,20 +959,6 @@ def _statuses(*results) -> str:
     return ', '.join('absent' if r is None else r['status'] for r in results)
 
 
-def _cell(result: dict[str, Any] | None, baseline: dict[str, Any] | None,
-          key: str, scale: float, digits: int) -> str:
-    if result is None:
-        return ''
-    if result['status'] != 'ok':
-        return result['status']
-    if key not in result:
-        return '-'
-    text = f'{result[key] * scale:.{digits}f}'
-    if _ok(baseline) and baseline.get(key):
-        text += f' ({result[key] / baseline[key]:.2f}x)'
-    return text
-
-
 def table(results: list[dict[str, Any]], kind: str, baseline: str,
           key: str, scale: float, digits: int) -> str:
     rows: dict[tuple, dict[str, dict]] = {}
@@ -994,7 +976,7 @@ def table(results: list[dict[str, Any]], kind: str, baseline: str,
     lines = ['| case | mode | ' + ' | '.join(variants) + ' |',
              '|---|---|' + '---|' * len(variants)]
     for (sizes, mode), by_variant in rows.items():
-        cells = [_cell(by_variant.get(v), by_variant.get(baseline), key, scale,
+        cells = [format_cell(by_variant.get(v), by_variant.get(baseline), key, scale,
                        digits) for v in variants]
         lines.append(f'| {sizes} | {mode} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)

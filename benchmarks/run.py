@@ -118,15 +118,19 @@ def _label(case: dict[str, Any], mode: str) -> str:
     return f"{case['variant']} {sizes} {mode}"
 
 
-def _cell(result: dict[str, Any] | None, baseline: dict[str, Any] | None,
-          key: str, scale: float, digits: int) -> str:
+def format_cell(result: dict[str, Any] | None, baseline: dict[str, Any] | None,
+                key: str, scale: float, digits: int) -> str:
+    """``value (ratio to the baseline)``, the status of a failed run, ``-``
+    where the run did not measure ``key``."""
     if result is None:
         return ''
     if result['status'] != 'ok':
         return result['status']
+    if key not in result:
+        return '-'
     text = f'{result[key] * scale:.{digits}f}'
     if baseline is not None and baseline.get('status') == 'ok' and \
-            baseline[key] > 0:
+            baseline.get(key, 0) > 0:
         text += f' ({result[key] / baseline[key]:.2f}x)'
     return text
 
@@ -148,7 +152,7 @@ def markdown_table(results: list[dict[str, Any]], baseline: str,
     for (sizes, mode), by_variant in rows.items():
         sizes = dict(sizes)
         cells = [str(sizes[k]) for k in size_names] + [mode]
-        cells += [_cell(by_variant.get(v), by_variant.get(baseline), key, scale,
+        cells += [format_cell(by_variant.get(v), by_variant.get(baseline), key, scale,
                         digits) for v in variants]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
