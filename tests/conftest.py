@@ -66,6 +66,16 @@ def device(request) -> torch.device:
 SCATTER_BACKENDS = ['torch'] + (['torch_scatter'] if HAVE_TORCH_SCATTER else [])
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread (tiny graphs and meshes: a second thread only adds
+    contention on 2 cores), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=SCATTER_BACKENDS)
 def scatter_backend(request, monkeypatch):
     """Run a test with PyG's pure-torch path and, where installed, torch-scatter."""

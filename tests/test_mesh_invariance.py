@@ -37,12 +37,7 @@ MODELS = [pytest.param('metricformer', {}, id='former'),
             for attention in ATTENTIONS]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def test_renumber_mesh_keeps_the_oriented_faces():

@@ -25,13 +25,7 @@ SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
              batch_size=2)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny graphs: a second intra-op thread only adds contention on 2 cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 @pytest.fixture(scope='module')
