@@ -44,9 +44,10 @@ points, points so large that the expanded form would overflow, or an
 infinite point) the call
 takes the exact path instead: explicit logits from direct differences in
 float64, which are finite for all finite inputs but store the
-``L_q x L_k`` matrix. Under :func:`torch.compile` this data-dependent check
-is skipped and the fused path always runs (finite only while the expanded
-logits fit in the dtype, about :math:`\|q\|^2 / t < 10^{38}` in float32).
+``L_q x L_k`` matrix. Under :func:`torch.compile` the check is a
+data-dependent decision, so it runs eagerly between two compiled graphs (one
+graph break per call; ``torch.compile(fullgraph=True)`` therefore rejects the
+distance metrics' dense path).
 
 Denormals. The very negative distance logits make the softmax produce
 denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
@@ -144,8 +145,7 @@ def dense_metric_attention(
         query, key = centred(query, key, mask=attended)
         if attended is not None:
             key = torch.where(attended, key, 0)
-    exact = not (torch.compiler.is_compiling()
-                 or expanded_logits_are_accurate(query, key, metric, time_scale))
+    exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
     if need_weights or exact:
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
                                            attn_mask, is_causal, dropout_p, exact)
@@ -172,11 +172,14 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
     return allowed.unsqueeze(-1)
 
 
+@torch.compiler.disable
 def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
                                  time_scale: float | Tensor) -> bool:
     """Whether the estimated rounding error of the fused logits (see the
     module docstring) is within ``LOGIT_ROUNDING_TOLERANCE`` (an infinite
-    point or an overflowing norm reads as inaccurate)."""
+    point or an overflowing norm reads as inaccurate). A data-dependent
+    decision, so it runs eagerly under :func:`torch.compile` (one graph
+    break)."""
     rounding = torch.finfo(torch.promote_types(query.dtype,
                                                torch.float32)).eps / 2
     key_norm = _largest_norm(key)
