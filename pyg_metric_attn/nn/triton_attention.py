@@ -26,8 +26,9 @@ cancellation loses every digit once points sit ~1e4 from the origin), and
 keeps a running max :math:`m`, a running sum :math:`l` (of the *undropped*
 probabilities: dropout does not change the normaliser) and a float32
 accumulator :math:`\sum_j e^{s_{ij}-m} z_{ij} v_j`. It writes ``out``
-(input dtype) and the row's log-sum-exp ``lse = m + log l`` (float32
-``[N_dst, H]``), the only per-row state the backward needs. Rows without
+(input dtype) and the row state ``(m, log l)`` (float32 ``[N_dst, H, 2]``;
+the log-sum-exp is ``m + log l``, see **Range**), the only per-row state the
+backward needs. Rows without
 edges give ``out = 0`` and ``lse = -inf``; a row whose logits are all ``-inf``
 (e.g. an edge bias of ``-inf``) also gives 0, never NaN.
 
@@ -56,8 +57,23 @@ no device-to-host synchronisation happens anywhere in forward or backward
 (only a seed is drawn on the CPU generator when dropout is on and no seed is
 given).
 
-**Backward.** Recompute, do not store: with the saved ``lse``,
-:math:`p_{ij} = e^{s_{ij} - \mathrm{lse}_i}` is exact per edge even for split
+**Range.** Logits live in float32 registers, yet they may lie far beyond
+float32's range (points near 1e20 give :math:`|q|^2 \sim 10^{40}`), where a
+row would turn to NaN (``'dot'``) or all its weights underflow to zero (a
+distance row without a self-loop), although the softmax of such a row is
+perfectly defined. So the points are loaded times powers of two
+:math:`1/c_q, 1/c_k` (exact) that keep their products finite, and the
+logits and the bias are carried in units of a power of two :math:`R`, with
+:math:`p = e^{(s' - m') R}`: ``(s' - m') R`` only ever overflows towards
+``-inf`` (a zero weight). ``R``, ``c_q``, ``c_k`` come from the largest
+finite entries of ``q``, ``k`` and the bias (torch reductions on the device,
+no synchronisation) and are 1 unless a logit could exceed :math:`2^{100}`,
+so ordinary inputs see the plain computation. The row state the backward
+needs is therefore ``(m', log l)`` (float32 ``[N_dst, H, 2]``), and the
+returned ``lse = R m' + log l`` may overflow float32 where the logits do.
+
+**Backward.** Recompute, do not store: with the saved row state,
+:math:`p_{ij} = e^{s_{ij} - m_i - \log l_i}` is exact per edge even for split
 rows. With :math:`D_i = \sum_c \mathrm{dout}_{ic}\mathrm{out}_{ic}` (torch op)
 and :math:`dp_{ij} = z_{ij}(\mathrm{dout}_i \cdot v_j + g^w_{ij})`
 (:math:`g^w` the gradient reaching the returned weights, if any),
@@ -100,9 +116,9 @@ the CSR position, so the CSC pass reproduces it too). No ``[E, H]`` mask is
 ever stored. Weights after dropout are :math:`\alpha z`. ``seed=None`` draws
 one from torch's CPU generator (so ``torch.manual_seed`` reproduces it).
 
-**Memory.** Forward: ``out`` + ``lse`` (float32 ``[N_dst, H]``) + scratch of
+**Memory.** Forward: ``out`` + the row state (float32 ``[N_dst, H, 2]``) + scratch of
 :math:`O(E / \mathrm{ROW\_CHUNK})` rows; saved for backward: the inputs,
-``out`` and ``lse``. Backward: the gradients, :math:`D_i` (``[N_dst, H]``), the
+``out`` and the row state. Backward: the gradients, :math:`D_i` (``[N_dst, H]``), the
 CSC permutation (two int64 ``[E]``) or the float32 atomic buffers, scratch
 as above. ``need_weights`` adds the ``[E, H]`` weights (one extra edge-parallel
 kernel, and saved for backward).
@@ -117,11 +133,7 @@ degree far below ``BLOCK_E`` leave lanes idle (a multi-row tile would fill
 them; not done). ``D`` and ``C`` are padded to powers of two (>= 16) and held
 in registers, so very wide heads (> 256) spill. Everything else is gathered
 with no tensor-core use (sparse rows give no dense tile). ``time_scale`` is
-read from device memory, never synchronised. Logits live in float32 registers: a
-``'dot'`` logit beyond float32's range (:math:`|q \cdot k| / (\sqrt{D} t)
-> 3.4 \times 10^{38}`) overflows and its row becomes NaN, where the fused and
-scatter paths (float64 logits) stay finite; distance logits only saturate to
-``-inf`` (zero weight). Kernels are built on first use:
+read from device memory, never synchronised. Kernels are built on first use:
 ``TRITON_INTERPRET=1`` must be set before the first call (not necessarily
 before importing triton) to run on CPU tensors in Triton's interpreter.
 Only long-standing Triton language features are used (``tl.rand``,
@@ -185,8 +197,8 @@ def _require_triton() -> None:
 # other jit function of this module (only triton's own ``tl.rand``).
 # --------------------------------------------------------------------------
 
-def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
-                OUT, LSE, MEAN, H, D, C, seed, p_drop, drop_scale, qk_scale,
+def _fwd_kernel(Q, K, V, BIAS, RANGE, COL, SCHED, n_items, PART_ML, PART_ACC,
+                OUT, STATS, MEAN, H, D, C, seed, p_drop, drop_scale,
                 DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
                 WIDE: tl.constexpr, NEED_MEAN: tl.constexpr, BLOCK_E: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -201,9 +213,14 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
         offs_c = tl.arange(0, BLOCK_C)
         dmask = offs_d < D
         cmask = offs_c < C
-        scale = qk_scale / tl.load(TS).to(tl.float32)
+        inv_cq = tl.load(RANGE)
+        inv_ck = tl.load(RANGE + 1)
+        scale = tl.load(RANGE + 2)
+        r_a = tl.load(RANGE + 3)
+        r_b = tl.load(RANGE + 4)
+        inv_r = tl.load(RANGE + 5)
         q = tl.load(Q + (row * H + h) * D + offs_d, mask=dmask, other=0.0)
-        q = q.to(tl.float32)
+        q = q.to(tl.float32) * inv_cq
         m_i = tl.full([], float('-inf'), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         ms_i = tl.full([], 0.0, tl.float32)
@@ -214,7 +231,7 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
             j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
             kv = tl.load(K + (j * H + h)[:, None] * D + offs_d[None, :],
                          mask=emask[:, None] & dmask[None, :], other=0.0)
-            kv = kv.to(tl.float32)
+            kv = kv.to(tl.float32) * inv_ck
             if DOT:
                 s0 = tl.sum(q[None, :] * kv, 1) * scale
             else:
@@ -222,12 +239,13 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
                 s0 = -tl.sum(diff * diff, 1) * scale
             s = s0
             if HAS_BIAS:
-                s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
+                s += tl.load(BIAS + e * H + h, mask=emask,
+                             other=0.0).to(tl.float32) * inv_r
             s = tl.where(emask, s, float('-inf'))
             m_new = tl.maximum(m_i, tl.max(s, 0))
             m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
-            p = tl.exp(s - m_use)
-            corr = tl.exp(m_i - m_use)
+            p = tl.exp((s - m_use) * r_a * r_b)
+            corr = tl.exp((m_i - m_use) * r_a * r_b)
             l_i = l_i * corr + tl.sum(p, 0)
             if NEED_MEAN:
                 ms_i = ms_i * corr + tl.sum(p * s0, 0)
@@ -246,8 +264,8 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
             inv_l = tl.where(l_i > 0.0, 1.0 / l_safe, 0.0)
             tl.store(OUT + (row * H + h) * C + offs_c,
                      (acc * inv_l).to(OUT.dtype.element_ty), mask=cmask)
-            tl.store(LSE + row * H + h,
-                     tl.where(l_i > 0.0, m_i + tl.log(l_safe), float('-inf')))
+            tl.store(STATS + (row * H + h) * 2, m_i)
+            tl.store(STATS + (row * H + h) * 2 + 1, tl.log(l_safe))
             if NEED_MEAN:
                 tl.store(MEAN + row * H + h, ms_i * inv_l)
         else:
@@ -257,8 +275,9 @@ def _fwd_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, PART_ML, PART_ACC,
             tl.store(PART_ACC + (slot * H + h) * C + offs_c, acc, mask=cmask)
 
 
-def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, MEAN, H, C,
-                        NEED_MEAN: tl.constexpr, BLOCK_C: tl.constexpr):
+def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, STATS, MEAN,
+                        RANGE, H, C, NEED_MEAN: tl.constexpr,
+                        BLOCK_C: tl.constexpr):
     sid = tl.program_id(0)
     h = tl.program_id(1)
     row = tl.load(SPLIT + sid)
@@ -267,6 +286,8 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, MEAN, H, C,
         hi = tl.load(SPLIT + 2 * n_split + sid)
         offs_c = tl.arange(0, BLOCK_C)
         cmask = offs_c < C
+        r_a = tl.load(RANGE + 3)
+        r_b = tl.load(RANGE + 4)
         m_i = tl.full([], float('-inf'), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         ms_i = tl.full([], 0.0, tl.float32)
@@ -279,8 +300,8 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, MEAN, H, C,
                           other=0.0)
             m_new = tl.maximum(m_i, m_c)
             m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
-            f_old = tl.exp(m_i - m_use)
-            f_new = tl.exp(m_c - m_use)
+            f_old = tl.exp((m_i - m_use) * r_a * r_b)
+            f_new = tl.exp((m_c - m_use) * r_a * r_b)
             l_i = l_i * f_old + l_c * f_new
             ms_i = ms_i * f_old + ms_c * f_new
             acc = acc * f_old + a_c * f_new
@@ -289,8 +310,8 @@ def _combine_fwd_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, LSE, MEAN, H, C,
         inv_l = tl.where(l_i > 0.0, 1.0 / l_safe, 0.0)
         tl.store(OUT + (row * H + h) * C + offs_c,
                  (acc * inv_l).to(OUT.dtype.element_ty), mask=cmask)
-        tl.store(LSE + row * H + h,
-                 tl.where(l_i > 0.0, m_i + tl.log(l_safe), float('-inf')))
+        tl.store(STATS + (row * H + h) * 2, m_i)
+        tl.store(STATS + (row * H + h) * 2 + 1, tl.log(l_safe))
         if NEED_MEAN:
             tl.store(MEAN + row * H + h, ms_i * inv_l)
 
@@ -312,11 +333,17 @@ def _sum_kernel(SPLIT, n_split, PART, OUT, H, W, BLOCK_W: tl.constexpr):
                  mask=wmask)
 
 
-def _weights_kernel(Q, K, BIAS, TS, ROW, COL, LSE, WEIGHTS, E, H, D,
-                    seed, p_drop, drop_scale, qk_scale,
+def _weights_kernel(Q, K, BIAS, RANGE, ROW, COL, STATS, WEIGHTS, E, H, D,
+                    seed, p_drop, drop_scale,
                     DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
                     WIDE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
     """Edge-parallel: weights[e, h] = exp(s_e - lse_row(e)) * z_e."""
+    inv_cq = tl.load(RANGE)
+    inv_ck = tl.load(RANGE + 1)
+    scale = tl.load(RANGE + 2)
+    r_a = tl.load(RANGE + 3)
+    r_b = tl.load(RANGE + 4)
+    inv_r = tl.load(RANGE + 5)
     pid = tl.program_id(0)
     h = tl.program_id(1)
     e = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -324,23 +351,23 @@ def _weights_kernel(Q, K, BIAS, TS, ROW, COL, LSE, WEIGHTS, E, H, D,
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
     tmask = emask[:, None] & dmask[None, :]
-    scale = qk_scale / tl.load(TS).to(tl.float32)
     i = tl.load(ROW + e, mask=emask, other=0).to(tl.int64)
     j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
     qv = tl.load(Q + (i * H + h)[:, None] * D + offs_d[None, :], mask=tmask,
-                 other=0.0).to(tl.float32)
+                 other=0.0).to(tl.float32) * inv_cq
     kv = tl.load(K + (j * H + h)[:, None] * D + offs_d[None, :], mask=tmask,
-                 other=0.0).to(tl.float32)
+                 other=0.0).to(tl.float32) * inv_ck
     if DOT:
         s = tl.sum(qv * kv, 1) * scale
     else:
         diff = qv - kv
         s = -tl.sum(diff * diff, 1) * scale
     if HAS_BIAS:
-        s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
-    lse = tl.load(LSE + i * H + h, mask=emask, other=0.0)
-    lse = tl.where(lse == float('-inf'), 0.0, lse)
-    p = tl.where(emask, tl.exp(s - lse), 0.0)
+        s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32) * inv_r
+    m = tl.load(STATS + (i * H + h) * 2, mask=emask, other=0.0)
+    m = tl.where(m == float('-inf'), 0.0, m)
+    log_l = tl.load(STATS + (i * H + h) * 2 + 1, mask=emask, other=0.0)
+    p = tl.where(emask, tl.exp((s - m) * r_a * r_b - log_l), 0.0)
     if DROPOUT:
         off = e * H + h
         if not WIDE:
@@ -350,10 +377,10 @@ def _weights_kernel(Q, K, BIAS, TS, ROW, COL, LSE, WEIGHTS, E, H, D,
     tl.store(WEIGHTS + e * H + h, p.to(WEIGHTS.dtype.element_ty), mask=emask)
 
 
-def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
-                     DOUT, GW,
+def _bwd_rows_kernel(Q, K, V, BIAS, RANGE, COL, SCHED, n_items, STATS, MEAN,
+                     DELTA, DOUT, GW,
                      DQ, PART_DQ, DB, DT_PART, DK, DV,
-                     H, D, C, seed, p_drop, drop_scale, qk_scale,
+                     H, D, C, seed, p_drop, drop_scale,
                      DOT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GW: tl.constexpr,
                      DROPOUT: tl.constexpr, WIDE: tl.constexpr,
                      NEED_DB: tl.constexpr, NEED_DT: tl.constexpr,
@@ -371,13 +398,21 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
         offs_c = tl.arange(0, BLOCK_C)
         dmask = offs_d < D
         cmask = offs_c < C
-        scale = qk_scale / tl.load(TS).to(tl.float32)
+        inv_cq = tl.load(RANGE)
+        inv_ck = tl.load(RANGE + 1)
+        scale = tl.load(RANGE + 2)
+        r_a = tl.load(RANGE + 3)
+        r_b = tl.load(RANGE + 4)
+        inv_r = tl.load(RANGE + 5)
+        grad_q = tl.load(RANGE + 6)
+        grad_k = tl.load(RANGE + 7)
         q = tl.load(Q + (row * H + h) * D + offs_d, mask=dmask, other=0.0)
-        q = q.to(tl.float32)
+        q = q.to(tl.float32) * inv_cq
         do = tl.load(DOUT + (row * H + h) * C + offs_c, mask=cmask, other=0.0)
         do = do.to(tl.float32)
-        lse = tl.load(LSE + row * H + h)
-        lse = tl.where(lse == float('-inf'), 0.0, lse)
+        m = tl.load(STATS + (row * H + h) * 2)
+        m = tl.where(m == float('-inf'), 0.0, m)
+        log_l = tl.load(STATS + (row * H + h) * 2 + 1)
         delta = tl.load(DELTA + row * H + h)
         if NEED_DT:
             s_mean = tl.load(MEAN + row * H + h)
@@ -389,7 +424,7 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
             j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
             tmask = emask[:, None] & dmask[None, :]
             kv = tl.load(K + (j * H + h)[:, None] * D + offs_d[None, :],
-                         mask=tmask, other=0.0).to(tl.float32)
+                         mask=tmask, other=0.0).to(tl.float32) * inv_ck
             if DOT:
                 s0 = tl.sum(q[None, :] * kv, 1) * scale
             else:
@@ -397,8 +432,9 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
                 s0 = -tl.sum(diff * diff, 1) * scale
             s = s0
             if HAS_BIAS:
-                s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
-            p = tl.where(emask, tl.exp(s - lse), 0.0)
+                s += tl.load(BIAS + e * H + h, mask=emask,
+                             other=0.0).to(tl.float32) * inv_r
+            p = tl.where(emask, tl.exp((s - m) * r_a * r_b - log_l), 0.0)
             vmask = emask[:, None] & cmask[None, :]
             vv = tl.load(V + (j * H + h)[:, None] * C + offs_c[None, :],
                          mask=vmask, other=0.0).to(tl.float32)
@@ -419,14 +455,14 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
             if NEED_DT:
                 dt += ds * (s0 - s_mean)
             if DOT:
-                dq += tl.sum(ds[:, None] * kv, 0) * scale
+                dq += tl.sum(ds[:, None] * kv, 0) * grad_q
             else:
-                dq += tl.sum(ds[:, None] * diff, 0) * (-2.0 * scale)
+                dq += tl.sum(ds[:, None] * diff, 0) * grad_q
             if ATOMIC_KV:
                 if DOT:
-                    dk = ds[:, None] * q[None, :] * scale
+                    dk = ds[:, None] * q[None, :] * grad_k
                 else:
-                    dk = ds[:, None] * diff * (2.0 * scale)
+                    dk = ds[:, None] * diff * grad_k
                 tl.atomic_add(DK + (j * H + h)[:, None] * D + offs_d[None, :], dk,
                               mask=tmask)
                 tl.atomic_add(DV + (j * H + h)[:, None] * C + offs_c[None, :],
@@ -440,9 +476,9 @@ def _bwd_rows_kernel(Q, K, V, BIAS, TS, COL, SCHED, n_items, LSE, MEAN, DELTA,
             tl.store(PART_DQ + (slot * H + h) * D + offs_d, dq, mask=dmask)
 
 
-def _bwd_cols_kernel(Q, K, V, BIAS, TS, CSC_ROW, CSC_EDGE, SCHED, n_items, LSE,
-                     DELTA, DOUT, GW, DK, DV, PART_DK, PART_DV,
-                     H, D, C, seed, p_drop, drop_scale, qk_scale,
+def _bwd_cols_kernel(Q, K, V, BIAS, RANGE, CSC_ROW, CSC_EDGE, SCHED, n_items,
+                     STATS, DELTA, DOUT, GW, DK, DV, PART_DK, PART_DV,
+                     H, D, C, seed, p_drop, drop_scale,
                      DOT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_GW: tl.constexpr,
                      DROPOUT: tl.constexpr, WIDE: tl.constexpr,
                      BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -459,9 +495,15 @@ def _bwd_cols_kernel(Q, K, V, BIAS, TS, CSC_ROW, CSC_EDGE, SCHED, n_items, LSE,
         offs_c = tl.arange(0, BLOCK_C)
         dmask = offs_d < D
         cmask = offs_c < C
-        scale = qk_scale / tl.load(TS).to(tl.float32)
+        inv_cq = tl.load(RANGE)
+        inv_ck = tl.load(RANGE + 1)
+        scale = tl.load(RANGE + 2)
+        r_a = tl.load(RANGE + 3)
+        r_b = tl.load(RANGE + 4)
+        inv_r = tl.load(RANGE + 5)
+        grad_k = tl.load(RANGE + 7)
         k = tl.load(K + (col * H + h) * D + offs_d, mask=dmask, other=0.0)
-        k = k.to(tl.float32)
+        k = k.to(tl.float32) * inv_ck
         v = tl.load(V + (col * H + h) * C + offs_c, mask=cmask, other=0.0)
         v = v.to(tl.float32)
         dk = tl.zeros([BLOCK_D], tl.float32)
@@ -473,17 +515,19 @@ def _bwd_cols_kernel(Q, K, V, BIAS, TS, CSC_ROW, CSC_EDGE, SCHED, n_items, LSE,
             i = tl.load(CSC_ROW + ce, mask=emask, other=0)
             tmask = emask[:, None] & dmask[None, :]
             qv = tl.load(Q + (i * H + h)[:, None] * D + offs_d[None, :],
-                         mask=tmask, other=0.0).to(tl.float32)
+                         mask=tmask, other=0.0).to(tl.float32) * inv_cq
             if DOT:
                 s = tl.sum(qv * k[None, :], 1) * scale
             else:
                 diff = qv - k[None, :]
                 s = -tl.sum(diff * diff, 1) * scale
             if HAS_BIAS:
-                s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
-            lse = tl.load(LSE + i * H + h, mask=emask, other=0.0)
-            lse = tl.where(lse == float('-inf'), 0.0, lse)
-            p = tl.where(emask, tl.exp(s - lse), 0.0)
+                s += tl.load(BIAS + e * H + h, mask=emask,
+                             other=0.0).to(tl.float32) * inv_r
+            m = tl.load(STATS + (i * H + h) * 2, mask=emask, other=0.0)
+            m = tl.where(m == float('-inf'), 0.0, m)
+            log_l = tl.load(STATS + (i * H + h) * 2 + 1, mask=emask, other=0.0)
+            p = tl.where(emask, tl.exp((s - m) * r_a * r_b - log_l), 0.0)
             vmask = emask[:, None] & cmask[None, :]
             do = tl.load(DOUT + (i * H + h)[:, None] * C + offs_c[None, :],
                          mask=vmask, other=0.0).to(tl.float32)
@@ -502,9 +546,9 @@ def _bwd_cols_kernel(Q, K, V, BIAS, TS, CSC_ROW, CSC_EDGE, SCHED, n_items, LSE,
             ds = p * (dp - delta)
             dv += tl.sum(pz[:, None] * do, 0)
             if DOT:
-                dk += tl.sum(ds[:, None] * qv, 0) * scale
+                dk += tl.sum(ds[:, None] * qv, 0) * grad_k
             else:
-                dk += tl.sum(ds[:, None] * diff, 0) * (2.0 * scale)
+                dk += tl.sum(ds[:, None] * diff, 0) * grad_k
         if slot < 0:
             tl.store(DK + (col * H + h) * D + offs_d, dk.to(DK.dtype.element_ty),
                      mask=dmask)
@@ -542,11 +586,11 @@ def _compile_check(capability: int = 90, dtype: str = 'bf16') -> int:
     from triton.compiler import ASTSource
 
     index = {'COL', 'SCHED', 'SPLIT', 'ROW', 'CSC_ROW', 'CSC_EDGE'}
-    fp32 = {'LSE', 'MEAN', 'DELTA', 'TS', 'PART_ML', 'PART_ACC', 'PART', 'PART_DQ',
+    fp32 = {'STATS', 'MEAN', 'DELTA', 'RANGE', 'PART_ML', 'PART_ACC', 'PART', 'PART_DQ',
             'PART_DK', 'PART_DV', 'DT_PART'}
     scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64',
                'n_items': 'i64', 'n_split': 'i64', 'seed': 'i32', 'p_drop': 'fp32',
-               'drop_scale': 'fp32', 'qk_scale': 'fp32'}
+               'drop_scale': 'fp32'}
     blocks = {'BLOCK_E': 32, 'BLOCK_D': 16, 'BLOCK_C': 64, 'BLOCK_W': 16}
     target = GPUTarget('cuda', capability, 32)
     count = 0
@@ -713,54 +757,106 @@ class _Config:
         return 0.0 if self.dropout_p >= 1.0 else 1.0 / (1.0 - self.dropout_p)
 
 
-def _qk_scale(cfg: _Config, dim: int) -> float:
-    return 1.0 / math.sqrt(dim) if cfg.dot else 1.0
+def _power_of_two_above(x: Tensor) -> Tensor:
+    """The smallest power of two >= ``x`` (float64), and at least 1."""
+    return torch.exp2(torch.ceil(torch.log2(x))).clamp_min(1.0)
 
 
-def _forward(query: Tensor, key: Tensor, value: Tensor, ts: Tensor,
+def _finite_abs_max(t: Tensor) -> Tensor:
+    """The largest finite ``|t|`` as a float64 scalar (0 if none): a
+    non-finite entry must not rescale everyone else's logits."""
+    if t.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=t.device)
+    magnitude = t.detach().abs()
+    return torch.where(magnitude.isfinite(), magnitude, 0).amax().double()
+
+
+def _ranges(query: Tensor, key: Tensor, edge_bias: Tensor | None, ts: Tensor,
+            dot: bool) -> tuple[Tensor, Tensor]:
+    """The kernels' float32 range constants ``[8]`` and the logit range
+    ``R`` (float64 scalar); torch ops on the device, no synchronisation.
+
+    ``(1/c_q, 1/c_k, logit scale, R_a, R_b, 1/R, dq factor, dk factor)``:
+    loaded points are multiplied by the powers of two ``1/c_q``, ``1/c_k``
+    (exact) so that their products fit float32; logits (and the bias) are
+    kept in units of ``R = R_a R_b`` (powers of two, 1 unless
+    :math:`|s|` could exceed :math:`2^{100}`), so a logit beyond float32's
+    range still has a finite reduced value, and the softmax uses
+    ``exp((s' - m') R_a R_b)`` (two factors: ``R`` itself may exceed
+    float32). At ordinary scales every constant but the logit scale and
+    the gradient factors is 1."""
+    dim = query.size(-1)
+    big = 2.0 ** 60
+    norm_q = _finite_abs_max(query) * math.sqrt(dim)  # >= every |q_i|
+    norm_k = _finite_abs_max(key) * math.sqrt(dim)
+    t = ts.detach().double().reshape(())
+    if dot:
+        c_q = _power_of_two_above(norm_q / big)
+        c_k = _power_of_two_above(norm_k / big)
+        bound = norm_q * norm_k / (math.sqrt(dim) * t.abs())
+        scale = c_q * c_k / (math.sqrt(dim) * t)
+        grad_q, grad_k = c_k / (math.sqrt(dim) * t), c_q / (math.sqrt(dim) * t)
+    else:
+        c_q = c_k = _power_of_two_above((norm_q + norm_k) / big)
+        bound = (norm_q + norm_k).square() / t.abs()
+        scale = c_q * c_k / t
+        grad_q, grad_k = -2.0 * c_q / t, 2.0 * c_q / t
+    if edge_bias is not None:
+        bound = torch.maximum(bound, _finite_abs_max(edge_bias))
+    r = _power_of_two_above(bound / 2.0 ** 100)
+    r_a = _power_of_two_above(r.sqrt())
+    r_b = r / r_a
+    constants = torch.stack([1.0 / c_q, 1.0 / c_k, scale / r, r_a, r_b, 1.0 / r,
+                             grad_q, grad_k])
+    return constants.float().contiguous(), r
+
+
+def _forward(query: Tensor, key: Tensor, value: Tensor, ranges: Tensor,
              edge_bias: Tensor | None, graph: _Graph, cfg: _Config
              ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """``(out, lse, mean logit or None, weights or None)``."""
+    """``(out, stats, mean logit or None, weights or None)``; ``stats``
+    float32 ``[N_dst, H, 2]``: the row's largest logit in range units (-inf
+    without edges) and the log of its softmax normaliser."""
     kern = _kernels()
     n_dst, heads, dim = query.shape
     channels = value.size(-1)
     out = value.new_empty(n_dst, heads, channels)
-    lse = query.new_empty(n_dst, heads, dtype=torch.float32)
+    stats = query.new_empty(n_dst, heads, 2, dtype=torch.float32)
     weights = None
     if n_dst == 0:
         if cfg.need_weights:
             weights = value.new_empty(0, heads)
-        return out, lse, None, weights
+        return out, stats, None, weights
     rows = graph.rows
     f32 = dict(device=query.device, dtype=torch.float32)
     part_ml = torch.empty(rows.n_slots, heads, 3, **f32)
     need_mean = cfg.need_mean
-    mean = query.new_empty(n_dst, heads, dtype=torch.float32) if need_mean else lse
+    mean = query.new_empty(n_dst, heads, dtype=torch.float32) if need_mean else stats
     part_acc = torch.empty(rows.n_slots, heads, channels, **f32)
-    bias = edge_bias if edge_bias is not None else ts  # dummy pointer
-    qk = _qk_scale(cfg, dim)
+    bias = edge_bias if edge_bias is not None else ranges  # dummy pointer
     kern['fwd'][(rows.n_items, heads)](
-        query, key, value, bias, ts, graph.col, rows.items, rows.n_items,
-        part_ml, part_acc, out, lse, mean, heads, dim, channels,
-        cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
+        query, key, value, bias, ranges, graph.col, rows.items, rows.n_items,
+        part_ml, part_acc, out, stats, mean, heads, dim, channels,
+        cfg.seed, cfg.dropout_p, cfg.drop_scale,
         DOT=cfg.dot, HAS_BIAS=edge_bias is not None, DROPOUT=cfg.dropout_p > 0,
         WIDE=cfg.wide, NEED_MEAN=need_mean, BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d,
         BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
     if rows.n_split > 0:
         kern['combine_fwd'][(rows.n_split, heads)](
-            rows.split, rows.n_split, part_ml, part_acc, out, lse, mean, heads,
-            channels, NEED_MEAN=need_mean, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps)
+            rows.split, rows.n_split, part_ml, part_acc, out, stats, mean, ranges,
+            heads, channels, NEED_MEAN=need_mean, BLOCK_C=cfg.block_c,
+            num_warps=cfg.num_warps)
     if cfg.need_weights:
         num_edges = graph.num_edges
         weights = value.new_empty(num_edges, heads)
         if num_edges > 0:
             kern['weights'][(triton.cdiv(num_edges, cfg.block_e), heads)](
-                query, key, bias, ts, graph.row(), graph.col, lse, weights,
-                num_edges, heads, dim, cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
+                query, key, bias, ranges, graph.row(), graph.col, stats, weights,
+                num_edges, heads, dim, cfg.seed, cfg.dropout_p, cfg.drop_scale,
                 DOT=cfg.dot, HAS_BIAS=edge_bias is not None,
                 DROPOUT=cfg.dropout_p > 0, WIDE=cfg.wide, BLOCK_E=cfg.block_e,
                 BLOCK_D=cfg.block_d, num_warps=cfg.num_warps)
-    return out, lse, mean if need_mean else None, weights
+    return out, stats, mean if need_mean else None, weights
 
 
 def _row_sums(values: Tensor, rowptr: Tensor) -> Tensor:
@@ -770,8 +866,9 @@ def _row_sums(values: Tensor, rowptr: Tensor) -> Tensor:
 
 
 def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Tensor,
-              value: Tensor, ts: Tensor, edge_bias: Tensor | None, out: Tensor,
-              lse: Tensor, mean: Tensor | None, weights: Tensor | None,
+              value: Tensor, ts: Tensor, ranges: Tensor, logit_range: Tensor,
+              edge_bias: Tensor | None, out: Tensor, stats: Tensor,
+              mean: Tensor | None, weights: Tensor | None,
               graph: _Graph, cfg: _Config,
               need: tuple[bool, bool, bool, bool, bool]):
     need_q, need_k, need_v, need_t, need_b = need
@@ -796,34 +893,34 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
         grad_weights = grad_weights.contiguous()
         delta = delta + _row_sums(grad_weights.float() * weights.float(), graph.rowptr)
     delta = delta.contiguous()
-    qk = _qk_scale(cfg, dim)
-    bias = edge_bias if edge_bias is not None else ts
-    gw = grad_weights if has_gw else ts
+    bias = edge_bias if edge_bias is not None else ranges  # dummy pointers
+    gw = grad_weights if has_gw else ranges
     rows = graph.rows
     part_dq = torch.empty(rows.n_slots, heads, dim, **f32)
-    dt_part = torch.zeros(rows.n_items, heads, **f32) if need_t else ts
+    dt_part = torch.zeros(rows.n_items, heads, **f32) if need_t else ranges
     atomic = not cfg.deterministic and (need_k or need_v)
     if atomic:
         dk32 = torch.zeros(n_src, heads, dim, **f32)
         dv32 = torch.zeros(n_src, heads, channels, **f32)
     else:
-        dk32 = dv32 = ts
+        dk32 = dv32 = ranges
     flags = dict(DOT=cfg.dot, HAS_BIAS=edge_bias is not None, HAS_GW=has_gw,
                  DROPOUT=cfg.dropout_p > 0, WIDE=cfg.wide)
     blocks = dict(BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, BLOCK_C=cfg.block_c,
                   num_warps=cfg.num_warps)
     kern['bwd_rows'][(rows.n_items, heads)](
-        query, key, value, bias, ts, graph.col, rows.items, rows.n_items, lse,
-        mean if need_t else lse, delta, dout, gw, dq, part_dq,
-        db if need_b else ts, dt_part, dk32, dv32,
-        heads, dim, channels, cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
+        query, key, value, bias, ranges, graph.col, rows.items, rows.n_items,
+        stats, mean if need_t else stats, delta, dout, gw, dq, part_dq,
+        db if need_b else ranges, dt_part, dk32, dv32,
+        heads, dim, channels, cfg.seed, cfg.dropout_p, cfg.drop_scale,
         NEED_DB=need_b, NEED_DT=need_t, ATOMIC_KV=atomic, **flags, **blocks)
     if rows.n_split > 0:
         kern['sum'][(rows.n_split, heads)](
             rows.split, rows.n_split, part_dq, dq, heads, dim,
             BLOCK_W=cfg.block_d, num_warps=cfg.num_warps)
     if need_t:
-        dt = (-dt_part.sum() / ts).to(ts.dtype)
+        # dt_part sums ds (s0' - mean') in range units: s0 = R s0'.
+        dt = (-dt_part.double().sum() * logit_range / ts.double()).to(ts.dtype)
     if atomic:
         dk = dk32.to(key.dtype)
         dv = dv32.to(value.dtype)
@@ -834,9 +931,9 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
         part_dk = torch.empty(cols.n_slots, heads, dim, **f32)
         part_dv = torch.empty(cols.n_slots, heads, channels, **f32)
         kern['bwd_cols'][(cols.n_items, heads)](
-            query, key, value, bias, ts, csc_row, csc_edge, cols.items, cols.n_items,
-            lse, delta, dout, gw, dk, dv, part_dk, part_dv,
-            heads, dim, channels, cfg.seed, cfg.dropout_p, cfg.drop_scale, qk,
+            query, key, value, bias, ranges, csc_row, csc_edge, cols.items,
+            cols.n_items, stats, delta, dout, gw, dk, dv, part_dk, part_dv,
+            heads, dim, channels, cfg.seed, cfg.dropout_p, cfg.drop_scale,
             **flags, **blocks)
         if cols.n_split > 0:
             kern['sum'][(cols.n_split, heads)](
@@ -851,12 +948,18 @@ def _backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor, key: Ten
 class _TritonMetricAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, ts, edge_bias, graph, cfg):
-        out, lse, mean, weights = _forward(query, key, value, ts, edge_bias, graph,
-                                           cfg)
+        ranges, logit_range = _ranges(query, key, edge_bias, ts, cfg.dot)
+        out, stats, mean, weights = _forward(query, key, value, ranges, edge_bias,
+                                             graph, cfg)
+        # The row log-sum-exp R m' + log l (it may overflow float32 where the
+        # logits themselves do).
+        largest, log_norm = stats.unbind(-1)
+        lse = torch.where(largest == float('-inf'), float('-inf'),
+                          (largest.double() * logit_range + log_norm).float())
         ctx.graph = graph
         ctx.cfg = cfg
-        ctx.save_for_backward(query, key, value, ts, edge_bias, out, lse, mean,
-                              weights)
+        ctx.save_for_backward(query, key, value, ts, ranges, logit_range,
+                              edge_bias, out, stats, mean, weights)
         ctx.mark_non_differentiable(lse)
         if weights is None:
             weights = value.new_empty(0)
@@ -866,7 +969,8 @@ class _TritonMetricAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse, dweights):
-        query, key, value, ts, edge_bias, out, lse, mean, weights = ctx.saved_tensors
+        (query, key, value, ts, ranges, logit_range, edge_bias, out, stats, mean,
+         weights) = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
         if not ctx.cfg.need_weights:
@@ -875,8 +979,8 @@ class _TritonMetricAttention(torch.autograd.Function):
                 ctx.needs_input_grad[2], ctx.needs_input_grad[3],
                 ctx.needs_input_grad[4])
         dq, dk, dv, dt, db = _backward(dout, dweights, query, key, value, ts,
-                                       edge_bias, out, lse, mean, weights, ctx.graph,
-                                       ctx.cfg, need)
+                                       ranges, logit_range, edge_bias, out, stats,
+                                       mean, weights, ctx.graph, ctx.cfg, need)
         return (dq if need[0] else None, dk if need[1] else None,
                 dv if need[2] else None, dt if need[3] else None,
                 db if need[4] else None, None, None)
