@@ -33,6 +33,7 @@ from pyg_metric_attn.utils.checks import (
     check_node_features,
 )
 from pyg_metric_attn.utils.csr import HeadBlockCSR, sort_by_segment
+from pyg_metric_attn.utils.graph_cache import cached
 from pyg_metric_attn.utils.point_sets import check_batch
 
 BACKENDS = ('auto', 'fused', 'scatter', 'triton')
@@ -303,7 +304,9 @@ class MetricAttentionConv(MessagePassing):
         """
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         adjacency = adjacency_to_edge_index(edge_index)
-        edge_index = adjacency.edge_index
+        # The caller's graph tensor: what depends only on the graph (index
+        # check, self-loops, sorted views) is built once per tensor.
+        input_graph = edge_index = adjacency.edge_index
         edge_attr = self._edge_features(edge_attr, adjacency.value)
         num_src, num_dst = self._num_nodes(x_src, x_dst, adjacency, size)
         if x_dst is None:
@@ -312,14 +315,17 @@ class MetricAttentionConv(MessagePassing):
             self._check_inputs(x_src, x_dst, edge_index, edge_attr, num_src,
                                num_dst)
 
-        edge_index = edge_index.long()
         if edge_attr is not None and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
-        if self.add_self_loops:
-            edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-            edge_index, edge_attr = add_self_loops(
-                edge_index, edge_attr, fill_value=self.fill_value,
-                num_nodes=min(num_src, num_dst))
+        if self.add_self_loops and edge_attr is None:
+            edge_index = cached(input_graph, ('self_loops', num_src, num_dst),
+                                lambda: self._with_self_loops(
+                                    edge_index, None, num_src, num_dst)[0])
+        elif self.add_self_loops:
+            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr,
+                                                          num_src, num_dst)
+        else:
+            edge_index = edge_index.long()
 
         z_src, z_dst = self._embed(x_src, x_dst)  # [N, H, D]
         values = self._values(x_src)  # [N_src, H, C]
@@ -339,18 +345,19 @@ class MetricAttentionConv(MessagePassing):
                                  size=(num_src, num_dst))
         elif backend == 'fused':
             out, alpha = self._fused_attention(
-                z_src, z_dst, values, edge_index, (num_src, num_dst), edge_bias,
-                self._dropout_mask(edge_index.size(1), z_src),
+                z_src, z_dst, values, edge_index, input_graph, (num_src, num_dst),
+                edge_bias, self._dropout_mask(edge_index.size(1), z_src),
                 bool(return_attention_weights))
         else:
             out, alpha = self._triton_attention(
-                z_src, z_dst, values, edge_index, num_dst, edge_bias,
+                z_src, z_dst, values, edge_index, input_graph, num_dst, edge_bias,
                 bool(return_attention_weights))
 
         out = self._combine_heads(out, x_dst)
         if return_attention_weights:
-            return out, edge_values_like(adjacency, edge_index, alpha, num_src,
-                                         num_dst)
+            # A copy: the caller may write to it, the cache must not see that.
+            return out, edge_values_like(adjacency, edge_index.clone(), alpha,
+                                         num_src, num_dst)
         return out
 
     def forward_point_sets(self, x: Tensor, batch: OptTensor = None) -> Tensor:
@@ -449,7 +456,8 @@ class MetricAttentionConv(MessagePassing):
             if x_dst.size(0) != num_dst:
                 raise ValueError(f"'x_dst' has {x_dst.size(0)} rows but the "
                                  f"graph has {num_dst} destination nodes")
-        check_edge_index(edge_index, num_src, num_dst)
+        cached(edge_index, ('checked', num_src, num_dst),
+               lambda: check_edge_index(edge_index, num_src, num_dst))
         if edge_attr is not None:
             if self.lin_edge is None:
                 raise ValueError("'edge_attr' was given but the layer was built "
@@ -494,13 +502,25 @@ class MetricAttentionConv(MessagePassing):
             return 'fused'
         return 'scatter'
 
+    def _with_self_loops(self, edge_index: Tensor, edge_attr: OptTensor,
+                         num_src: int, num_dst: int) -> tuple[Tensor, OptTensor]:
+        """Replace the graph's self-loops by one per destination node (edge
+        features of new loops from ``fill_value``)."""
+        edge_index, edge_attr = remove_self_loops(edge_index.long(), edge_attr)
+        return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
+                              num_nodes=min(num_src, num_dst))
+
     @torch.compiler.disable  # sparse CSR kernels: opaque to torch.compile
     def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
-                         edge_index: Tensor, size: tuple[int, int],
-                         edge_bias: OptTensor, dropout_mask: OptTensor,
+                         edge_index: Tensor, input_graph: Tensor,
+                         size: tuple[int, int], edge_bias: OptTensor,
+                         dropout_mask: OptTensor,
                          need_weights: bool) -> tuple[Tensor, OptTensor]:
-        """The fused path: ``([N_dst, H, C], [E, H] weights or None)``."""
-        graph = HeadBlockCSR(edge_index, *size, self.heads)
+        """The fused path: ``([N_dst, H, C], [E, H] weights or None)``; the
+        CSR view of ``edge_index`` is cached on the caller's ``input_graph``
+        (from which ``edge_index`` derives)."""
+        graph = cached(input_graph, ('csr', self.heads, self.add_self_loops, *size),
+                       lambda: HeadBlockCSR(edge_index, *size, self.heads))
         out, weights = sparse_metric_attention(
             z_dst, z_src, values, graph, self.metric, self.time_scale,
             edge_bias, dropout_mask)
@@ -509,16 +529,19 @@ class MetricAttentionConv(MessagePassing):
 
     @torch.compiler.disable  # a Triton kernel: opaque to torch.compile
     def _triton_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
-                          edge_index: Tensor, num_dst: int,
+                          edge_index: Tensor, input_graph: Tensor, num_dst: int,
                           edge_bias: OptTensor,
                           need_weights: bool) -> tuple[Tensor, OptTensor]:
-        """The Triton path: ``([N_dst, H, C], [E, H] weights or None)``;
+        """The Triton path: ``([N_dst, H, C], [E, H] weights or None)``, the
+        destination-sorted view of ``edge_index`` cached on ``input_graph``;
         queries and keys enter in the values' dtype (the kernel accumulates in
         float32), dropout is drawn inside the kernel."""
-        perm, ptr = sort_by_segment(edge_index[1], num_dst)
+        perm, ptr, col = cached(
+            input_graph, ('csr_order', self.add_self_loops, z_src.size(0), num_dst),
+            lambda: _destination_sorted(edge_index, num_dst))
         dtype = values.dtype
         out, weights = triton_metric_attention(
-            z_dst.to(dtype), z_src.to(dtype), values, ptr, edge_index[0, perm],
+            z_dst.to(dtype), z_src.to(dtype), values, ptr, col,
             self.metric, self.time_scale,
             None if edge_bias is None else edge_bias[perm],
             dropout_p=self.dropout if self.training else 0.0,
@@ -560,3 +583,11 @@ class MetricAttentionConv(MessagePassing):
         return (f'{self.__class__.__name__}({self.in_channels}, '
                 f'{self.out_channels}, heads={self.heads}, '
                 f'metric={self.metric!r})')
+
+
+def _destination_sorted(edge_index: Tensor,
+                        num_dst: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(perm, rowptr, col)``: the edges sorted by destination (stably), the
+    CSR row pointer and the sorted sources."""
+    perm, ptr = sort_by_segment(edge_index[1], num_dst)
+    return perm, ptr, edge_index[0, perm]
