@@ -233,7 +233,8 @@ def _augmented_sdpa(query: Tensor, key: Tensor, value: Tensor,
         width = -(-width // 8) * 8
     query = torch.cat([query, query.new_full((*query.shape[:-1], 1), -0.5)], -1)
     key = torch.cat([key, key.square().sum(-1, keepdim=True)], -1)
-    padded = [F.pad(t, (0, width - t.size(-1))) for t in (query, key, value)]
+    padded = [t if t.size(-1) == width else F.pad(t, (0, width - t.size(-1)))
+              for t in (query, key, value)]  # (F.pad would copy even by 0)
     out = _sdpa(*padded, 2.0 / time_scale, attn_mask, is_causal, dropout_p)
     return out[..., :value.size(-1)]
 
