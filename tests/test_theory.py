@@ -144,3 +144,16 @@ def test_clear_errors():
     with pytest.raises(ValueError, match=r"'points' must be \[n, D\]"):
         propagation_generator(torch.randn(5, 2), torch.randn(4), 0.1)
     assert isinstance(circle(5), ManifoldSample)
+
+
+def test_rank_one_residual():
+    from pyg_metric_attn.theory import rank_one_residual, residuals_through_depth
+    batch = torch.tensor([0, 0, 0, 1, 1])
+    x = torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [1.0, 0.0], [-1.0, 0.0]])
+    res = rank_one_residual(x, batch)
+    assert res[0] == 0.0 and res[1] == pytest.approx(1.0)  # mean 0: all spread
+    assert rank_one_residual(torch.zeros(3, 2))[0] == 0.0
+    # Averaging layers collapse a set to rank one.
+    average = lambda h: h.mean(0, keepdim=True).expand_as(h)  # noqa: E731
+    depth = residuals_through_depth([average, average], torch.randn(6, 3))
+    assert depth.shape == (3, 1) and depth[0, 0] > 0 and depth[1:].abs().max() < 1e-12
