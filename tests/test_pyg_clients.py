@@ -87,24 +87,89 @@ def test_to_hetero():
     sum(o.sum() for o in out.values()).backward()
 
 
-@pytest.mark.skipif(not (torch_geometric.typing.WITH_PYG_LIB
-                         or torch_geometric.typing.WITH_TORCH_SPARSE),
-                    reason="NeighborLoader needs 'pyg-lib' or 'torch-sparse' "
-                           "(pip install torch-sparse)")
-def test_neighbor_loader_mini_batches_match_full_graph():
+needs_sampler = pytest.mark.skipif(
+    not (torch_geometric.typing.WITH_PYG_LIB
+         or torch_geometric.typing.WITH_TORCH_SPARSE),
+    reason="NeighborLoader needs 'pyg-lib' or 'torch-sparse' (the [sampling] "
+           "extra: pip install --no-build-isolation torch-scatter torch-sparse)")
+
+
+@needs_sampler
+@pytest.mark.parametrize('backend', ['fused', 'scatter'])
+def test_neighbor_loader_mini_batches_match_full_graph(backend):
     from torch_geometric.loader import NeighborLoader
     g = torch.Generator().manual_seed(2)
     data = Data(x=torch.randn(60, 6, generator=g),
                 edge_index=random_graph(60, 60, 0.06, g, self_loops=False))
-    model = TwoLayer(6, 4, 3).eval()
+    torch.manual_seed(2)
+    model = TwoLayer(6, 4, 3, backend=backend).eval()
     full = model(data.x, data.edge_index)
-    loader = NeighborLoader(data, num_neighbors=[-1, -1], batch_size=16)
-    seen = 0
+    # A fixed set of seed nodes, not in order, in batches of 8, 8 and 4: with
+    # every neighbour sampled, each seed's two-hop subgraph is all it sees.
+    seeds = torch.randperm(60, generator=g)[:20]
+    loader = NeighborLoader(data, num_neighbors=[-1, -1], input_nodes=seeds,
+                            batch_size=8)
+    outputs, seen = [], []
     for batch in loader:
-        out = model(batch.x, batch.edge_index)[:batch.batch_size]
-        assert torch.allclose(out, full[batch.n_id[:batch.batch_size]], atol=1e-5)
-        seen += batch.batch_size
-    assert seen == 60
+        assert batch.num_nodes < 60  # a real subgraph, not the whole graph
+        outputs.append(model(batch.x, batch.edge_index)[:batch.batch_size])
+        seen.append(batch.n_id[:batch.batch_size])
+    assert torch.equal(torch.cat(seen), seeds)
+    torch.testing.assert_close(torch.cat(outputs), full[seeds], atol=1e-5,
+                               rtol=1e-5)
+
+
+@needs_sampler
+@pytest.mark.usefixtures('one_thread')
+def test_sampled_mini_batch_training_reaches_full_batch_accuracy():
+    """Two layers trained on [10, 10]-sampled mini-batches of a stochastic
+    block model (features alone: ~45% accuracy, four classes) reach the test
+    accuracy of full-batch training within 1 point (both ~84%; over other
+    data and model seeds the gap stayed within 0.5 points, while [2, 2] and
+    [1, 1] samples fell 3 and 8 points short)."""
+    import torch.nn.functional as F
+    from torch_geometric.loader import NeighborLoader
+
+    from pyg_metric_attn.datasets import stochastic_block_graph
+
+    data = stochastic_block_graph(3000, 4, average_degree=10, homophily=0.6,
+                                  num_features=8, signal=0.7,
+                                  train_fraction=0.5, val_fraction=0.1, seed=0)
+    features_alone = (data.x[:, :4].argmax(-1) == data.y)[data.test_mask]
+    assert features_alone.float().mean() < 0.5
+
+    def test_accuracy(losses_of_epoch, epochs: int) -> float:
+        torch.manual_seed(0)
+        model = TwoLayer(8, 8, 4, time_scale=4.0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01,
+                                     weight_decay=5e-3)
+        for _ in range(epochs):
+            for loss in losses_of_epoch(model):
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            predicted = model(data.x, data.edge_index).argmax(-1)
+        return float((predicted == data.y)[data.test_mask].float().mean())
+
+    def full_batch(model):
+        out = model(data.x, data.edge_index)
+        yield F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+
+    loader = NeighborLoader(data, num_neighbors=[10, 10],
+                            input_nodes=data.train_mask, batch_size=128,
+                            shuffle=True)
+
+    def mini_batches(model):  # 12 batches of 128 seeds per epoch
+        for batch in loader:
+            out = model(batch.x, batch.edge_index)[:batch.batch_size]
+            yield F.cross_entropy(out, batch.y[:batch.batch_size])
+
+    full = test_accuracy(full_batch, epochs=100)
+    sampled = test_accuracy(mini_batches, epochs=8)
+    assert full > 0.8  # the graph is worth learning from
+    assert abs(sampled - full) <= 0.01, (sampled, full)
 
 
 def test_compile_without_graph_breaks():
