@@ -117,6 +117,9 @@ def _load_run(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    from pyg_metric_attn.training import process_group
     from pyg_metric_attn.utils.io import atomic_write_json, locked_folder
 
     options = _mesh_options(args)
@@ -124,11 +127,25 @@ def _train(args: argparse.Namespace) -> int:
     out = Path(args.out or Path('runs') / 'train' / f'{args.attention}-seed{args.seed}')
     config = {'attention': args.attention, 'seed': args.seed, 'epochs': task.epochs,
               'options': {k: v for k, v in options.items() if k != 'artifacts'}}
-    with locked_folder(out):  # a second train into the same folder is refused
-        model, trainer = task.fit(
-            args.attention, args.seed, out, resume=args.resume,
-            before_training=lambda: atomic_write_json(out / 'config.json', config))
-        task.save_example(model, out)
+    # Under torchrun: one of several processes (gloo: the task runs on CPUs);
+    # rank 0 prepares the meshes first and alone writes into `out`.
+    with process_group(backend='gloo') as ctx:
+        def write_config() -> None:
+            if ctx.is_main:
+                atomic_write_json(out / 'config.json', config)
+
+        # A second train into the same folder is refused.
+        with locked_folder(out) if ctx.is_main else nullcontext():
+            with ctx.main_first():
+                task.datasets()
+            model, trainer = task.fit(args.attention, args.seed, out,
+                                      resume=args.resume,
+                                      before_training=write_config,
+                                      distributed=ctx)
+            if ctx.is_main:
+                task.save_example(model, out)
+    if not ctx.is_main:
+        return 0
     row = trainer.history[-1]
     print('\n'.join(f'{key}: {value:.4f}' for key, value in row.items()))
     print(f'checkpoints, metrics and segmentation.png in {out}/')

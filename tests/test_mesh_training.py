@@ -1,9 +1,13 @@
 """Mesh segmentation: metrics against hand-computed values, the global
 attention of MetricMeshFormer, a short training run, and the train / resume /
-evaluate / predict commands."""
+evaluate / predict commands, and training in two processes under torchrun."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +21,10 @@ from pyg_metric_attn.datasets import BODY_PARTS, SyntheticHumans
 from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.nn.models import MetricMeshFormer
+from pyg_metric_attn.training import load_best_model
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.transforms import rescaled_heat_kernel_signatures
+from pyg_metric_attn.utils.io import load_verified
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
@@ -320,6 +326,70 @@ def test_a_run_folder_in_use_is_refused(trained_run, synthetic_root, capsys):
                      str(trained_run), *cli_options(synthetic_root)]) == 1
     assert f"'{trained_run}' is in use by another process" in capsys.readouterr().err
     assert folder_contents(trained_run) == before
+
+
+def test_train_in_two_processes_under_torchrun(synthetic_root, tmp_path):
+    """``torchrun --nproc_per_node=2 -m pyg_metric_attn.cli train``: each
+    rank trains on one of the two training meshes and evaluates one of the
+    two validation meshes; the metrics rank 0 logs are those of all meshes
+    (one process evaluating the checkpoint gets the same)."""
+    run = tmp_path / 'run'
+    former = ['-o', 'former_hidden=16', '-o', 'former_layers=1',
+              '-o', 'former_heads=2']
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=os.pathsep.join(
+        [repo, *filter(None, [os.environ.get('PYTHONPATH')])]))
+    result = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+         '--nproc_per_node=2', '-m', 'pyg_metric_attn.cli', 'train',
+         '--attention', 'metricformer', '--epochs', '2', '--out', str(run),
+         '--no-progress', *cli_options(synthetic_root), *former,
+         '-o', 'val_fraction=0.5'],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count('checkpoints, metrics and segmentation.png') == 1
+    rows = json.loads((run / 'metrics.json').read_text())
+    assert [row['epoch'] for row in rows] == [1, 2]
+    assert len(load_verified(run / 'last.pt')['rng_per_rank']) == 2
+
+    task = HumanSegTask(val_fraction=0.5, synthetic_root=str(synthetic_root),
+                        former_hidden=16, former_layers=1, former_heads=2,
+                        **SMALL)
+    model = task.build_model('metricformer')
+    load_best_model(model, run)
+    evaluation = task.datasets()[1]
+    assert len(evaluation) == 2
+    alone = task.evaluate(model, evaluation).compute('val_')
+    assert alone['val_face_acc'] == rows[-1]['val_face_acc']
+    assert alone['val_loss'] == pytest.approx(rows[-1]['val_loss'], rel=1e-5)
+
+
+def test_segmentation_meter_merges_shares_as_one_pass():
+    g = torch.Generator().manual_seed(0)
+    meshes = []
+    for faces, edges in ((5, 6), (7, 9), (4, 5)):
+        meshes.append(Data(
+            face=torch.randint(0, 6, (3, faces), generator=g),
+            y=torch.randint(0, 8, (faces,), generator=g), num_nodes=6,
+            edge_label_index=torch.randint(0, 6, (2, edges), generator=g),
+            edge_label=torch.randint(0, 8, (edges,), generator=g),
+            edge_label_soft=torch.rand(edges, 8, generator=g) < 0.3,
+            edge_label_weight=torch.full((edges,), 1 / edges)))
+    logits = [torch.randn(6, 8, generator=g) for _ in meshes]
+    whole, parts = SegmentationMeter(8), [SegmentationMeter(8), SegmentationMeter(8)]
+    for index, (mesh, logit) in enumerate(zip(meshes, logits, strict=True)):
+        batch = Batch.from_data_list([mesh])
+        whole.update(logit, batch, loss=torch.tensor(0.5 + index))
+        parts[index % 2].update(logit, batch, loss=torch.tensor(0.5 + index))
+    merged = SegmentationMeter(8)
+    for part in parts:
+        merged.merge(part)
+    assert merged.compute().keys() == {'face_acc', 'loss', 'edge_acc',
+                                       'soft_edge_acc'}
+    assert merged.compute() == pytest.approx(whole.compute())
+    assert merged.details()['confusion'] == whole.details()['confusion']
+    np.testing.assert_array_equal(merged.details()['class_acc'],
+                                  whole.details()['class_acc'])  # NaN: no face
 
 
 def test_prediction_png_legend_fits_the_figure(monkeypatch, tmp_path):

@@ -1,6 +1,15 @@
-"""Training loop shared by every task."""
+"""Training loop shared by every task, alone or in several processes."""
+from pyg_metric_attn.training.distributed import (
+    CollectiveError,
+    DistributedContext,
+    process_group,
+    shard_indices,
+    strided_share,
+    unwrap,
+)
 from pyg_metric_attn.training.schedules import WarmupCosine, warmup_cosine
 from pyg_metric_attn.training.trainer import Trainer, load_best_model, seed_everything
 
-__all__ = ['Trainer', 'WarmupCosine', 'load_best_model', 'seed_everything',
-           'warmup_cosine']
+__all__ = ['CollectiveError', 'DistributedContext', 'Trainer', 'WarmupCosine',
+           'load_best_model', 'process_group', 'seed_everything',
+           'shard_indices', 'strided_share', 'unwrap', 'warmup_cosine']

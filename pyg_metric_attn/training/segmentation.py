@@ -67,6 +67,22 @@ class SegmentationMeter:
             hit = soft.gather(1, edge_predicted.unsqueeze(1)).squeeze(1)
             self.soft_sum += float((hit.float() * batch.edge_label_weight).sum())
 
+    def merge(self, other: SegmentationMeter) -> None:
+        """Add the counts of ``other`` (e.g. another rank's share of the
+        meshes), as if its batches had been given to :meth:`update`."""
+        if other.num_classes != self.num_classes:
+            raise ValueError(f"Cannot merge a meter of {other.num_classes} "
+                             f"classes into one of {self.num_classes}")
+        self.confusion += other.confusion
+        if other.loss_sum is not None:
+            self.loss_sum = (self.loss_sum or 0.0) + other.loss_sum
+        self.edges += other.edges
+        self.edges_correct += other.edges_correct
+        self.soft_sum += other.soft_sum
+        self.meshes += other.meshes
+        self.has_edges |= other.has_edges
+        self.has_soft |= other.has_soft
+
     def compute(self, prefix: str = '') -> dict[str, float]:
         """Scalar metrics (``loss`` where losses were given)."""
         faces = int(self.confusion.sum())

@@ -1,6 +1,6 @@
 """One training loop for every task: progress bar, per-epoch metrics (JSON and
-CSV), atomic best/last checkpoints, ``resume``, early stopping and LR
-schedules."""
+CSV), atomic best/last checkpoints, ``resume``, early stopping, LR schedules
+and multi-process training (DDP under ``torchrun``)."""
 from __future__ import annotations
 
 import csv
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from pyg_metric_attn.training.distributed import DistributedContext
 from pyg_metric_attn.utils.io import (
     atomic_write_json,
     atomic_write_text,
@@ -65,6 +66,19 @@ class Trainer:
         desc (str, optional): Progress bar label.
         checkpoint_extras (dict, optional): Extra entries stored in every
             checkpoint (e.g. the vocabulary a model needs to be used).
+        distributed (DistributedContext, optional): This process's place
+            among several training processes (see
+            :func:`~pyg_metric_attn.training.distributed.process_group`).
+            With several, ``step`` gets the model wrapped in
+            :class:`~torch.nn.parallel.DistributedDataParallel` (gradients
+            averaged over the ranks; ``batches(epoch)`` must give each rank
+            its own share, with the same number of batches on every rank),
+            ``train_loss`` is the mean over all ranks' batches, ``evaluate``
+            runs on every rank and rank 0's metrics are kept (so every rank
+            takes the same decisions), and only rank 0 writes files and shows
+            the progress bar; checkpoints hold every rank's random state and
+            resume only with the same number of processes. One process
+            (the default) trains as without it.
     """
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, evaluate: EvaluateFn | None = None,
@@ -73,12 +87,16 @@ class Trainer:
                  out_dir: str | Path | None = None, grad_clip: float | None = None,
                  progress: bool = True, desc: str = 'train',
                  batch_scheduler: Any = None,
-                 checkpoint_extras: dict[str, Any] | None = None):
+                 checkpoint_extras: dict[str, Any] | None = None,
+                 distributed: DistributedContext | None = None):
         if mode not in ('max', 'min'):
             raise ValueError(f"'mode' must be 'max' or 'min', got '{mode}'")
         if patience is not None and monitor is None:
             raise ValueError("'patience' needs a 'monitor' metric")
         self.model = model
+        self.distributed = distributed or DistributedContext()
+        # What `step` runs: DDP around `model` where there are several ranks.
+        self.training_model = self.distributed.wrap(model)
         self.optimizer = optimizer
         self.step = step
         self.evaluate = evaluate
@@ -111,13 +129,15 @@ class Trainer:
         if resume:
             self.resume(epochs)
         bar = tqdm(range(len(self.history) + 1, epochs + 1), desc=self.desc,
-                   disable=not self.progress, leave=False, dynamic_ncols=True)
+                   disable=not (self.progress and self.distributed.is_main),
+                   leave=False, dynamic_ncols=True)
         for epoch in bar:
             row = self._train_epoch(batches(epoch), epoch)
             if self.evaluate is not None:
                 self.model.eval()
                 with torch.no_grad():
                     row.update(self.evaluate(self.model))
+            row = self.distributed.broadcast_object(row)  # rank 0's
             self.history.append(row)
             improved = self._update_best(row)
             self._step_scheduler(row)
@@ -136,7 +156,7 @@ class Trainer:
         start = time.perf_counter()
         for batch in batches:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.step(self.model, batch)
+            loss = self.step(self.training_model, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"Training loss became {loss.item()} at epoch {epoch}")
@@ -149,6 +169,9 @@ class Trainer:
                 self.batch_scheduler.step()
             total += float(loss.detach())
             count += 1
+        if self.distributed.is_distributed:
+            total, count = self.distributed.sum(
+                torch.tensor([total, count], dtype=torch.float64)).tolist()
         return {'epoch': epoch, 'train_loss': total / max(count, 1),
                 'epoch_seconds': time.perf_counter() - start,
                 'lr': self.optimizer.param_groups[0]['lr']}
@@ -178,6 +201,7 @@ class Trainer:
             self.scheduler.step()
 
     def _state(self) -> dict[str, Any]:
+        rng = self.distributed.gather_objects(_rng_state())
         return {
             **self.checkpoint_extras,
             'model': self.model.state_dict(),
@@ -188,17 +212,19 @@ class Trainer:
                                 if self.batch_scheduler is not None else None),
             'history': self.history,
             'best_epoch': self.best_epoch,
-            'rng': {'torch': torch.get_rng_state(),
-                    'python': random.getstate(),
-                    'numpy': _numpy_state()},
+            'rng': rng[0],
+            # Every rank's, in rank order (several processes only).
+            **({'rng_per_rank': rng} if self.distributed.is_distributed else {}),
         }
 
     def _save(self, improved: bool) -> None:
         if self.out_dir is None:
             return
+        state = self._state()  # on every rank: it gathers their random states
+        if not self.distributed.is_main:
+            return
         atomic_write_json(self.out_dir / 'metrics.json', self.history)
         atomic_write_text(self.out_dir / 'metrics.csv', _to_csv(self.history))
-        state = self._state()
         save_verified(state, self.out_dir / 'last.pt')
         if improved:
             save_verified({**self.checkpoint_extras, 'model': state['model'],
@@ -208,18 +234,29 @@ class Trainer:
     def resume(self, epochs: int) -> None:
         """Load the saved model, optimiser, scheduler, history and random
         states of ``out_dir/last.pt`` (where there is one), so that
-        :meth:`fit` goes on from the epoch after the saved one.
+        :meth:`fit` goes on from the epoch after the saved one. With several
+        processes rank 0 reads the file and sends it to the others (which
+        need not see rank 0's disk).
 
         Raises :class:`ValueError` before anything changes where the
-        checkpoint does not fit the model, or where ``epochs`` would run a
-        cosine schedule past its end (its learning rate would rise again).
+        checkpoint does not fit the model, was written by another number of
+        processes, or where ``epochs`` would run a cosine schedule past its
+        end (its learning rate would rise again).
         """
         if self.out_dir is None:
             raise ValueError("'resume' needs an 'out_dir' with a checkpoint")
         path = self.out_dir / 'last.pt'
-        if not path.exists():
+        state = self._read_checkpoint(path)
+        if state is None:
             return
-        state = load_verified(path)
+        per_rank = state.get('rng_per_rank')
+        written_by = len(per_rank) if per_rank is not None else 1
+        if written_by != self.distributed.world_size:
+            raise ValueError(
+                f"'{path}' was written by {written_by} training process(es) "
+                f"and this run has {self.distributed.world_size}: resume with "
+                f"{written_by} (each holds its own share of the data and "
+                f"random state)")
         if isinstance(self.scheduler, torch.optim.lr_scheduler.CosineAnnealingLR):
             end = state['scheduler']['T_max']
             if epochs > end:
@@ -241,11 +278,24 @@ class Trainer:
             self.batch_scheduler.load_state_dict(state['batch_scheduler'])
         self.history = state['history']
         self.best_epoch = state['best_epoch']
-        torch.set_rng_state(state['rng']['torch'])
-        random.setstate(state['rng']['python'])
-        name, keys, pos, has_gauss, cached = state['rng']['numpy']
-        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos,
-                             has_gauss, cached))
+        _set_rng_state(per_rank[self.distributed.rank] if per_rank is not None
+                       else state['rng'])
+
+    def _read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """The checkpoint at ``path`` (None where there is none), read by rank
+        0 and sent to every rank; an error reading it is raised on every rank."""
+        if not self.distributed.is_distributed:
+            return load_verified(path) if path.exists() else None
+        state: Any = None
+        if self.distributed.is_main:
+            try:
+                state = load_verified(path) if path.exists() else None
+            except Exception as error:  # sent to the other ranks, then raised
+                state = error
+        state = self.distributed.broadcast_object(state)
+        if isinstance(state, Exception):
+            raise state
+        return state
 
 
 def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
@@ -261,9 +311,20 @@ def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, An
     return state
 
 
-def _numpy_state() -> tuple:
+def _rng_state() -> dict[str, Any]:
+    """The random states of torch (CPU), Python and NumPy."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return name, keys.tolist(), int(pos), int(has_gauss), float(cached)
+    return {'torch': torch.get_rng_state(), 'python': random.getstate(),
+            'numpy': (name, keys.tolist(), int(pos), int(has_gauss),
+                      float(cached))}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state['torch'])
+    random.setstate(state['python'])
+    name, keys, pos, has_gauss, cached = state['numpy']
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos,
+                         has_gauss, cached))
 
 
 def _to_csv(rows: list[dict[str, float]]) -> str:

@@ -50,6 +50,12 @@ from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
 from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models import ATTENTIONS, IPN, MetricMeshFormer
+from pyg_metric_attn.training.distributed import (
+    DistributedContext,
+    shard_indices,
+    strided_share,
+    unwrap,
+)
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
 from pyg_metric_attn.transforms import (
@@ -223,7 +229,7 @@ class HumanSegTask(Task):
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
         """Per-vertex logits of a batch of meshes."""
         x = self.inputs(batch, augment)
-        if isinstance(model, MetricMeshFormer):
+        if isinstance(unwrap(model), MetricMeshFormer):
             keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
             keys += ('grad_index', 'grad_weight') if self.gradients else ()
             return model(x, batch.edge_index, batch.batch, pos=batch.pos,
@@ -231,8 +237,15 @@ class HumanSegTask(Task):
         return model(x, batch.edge_index)
 
     def evaluate(self, model: torch.nn.Module, meshes,
-                 batch_size: int | None = None) -> SegmentationMeter:
-        """Metrics of ``model`` on ``meshes`` (eval mode, no gradients)."""
+                 batch_size: int | None = None,
+                 distributed: DistributedContext | None = None
+                 ) -> SegmentationMeter:
+        """Metrics of ``model`` on ``meshes`` (eval mode, no gradients); with
+        several processes each evaluates its share and every rank gets the
+        metrics of all meshes."""
+        context = distributed or DistributedContext()
+        if context.is_distributed:
+            meshes = [meshes[i] for i in strided_share(len(meshes), context)]
         meter = SegmentationMeter(len(BODY_PARTS))
         was_training = model.training
         model.eval()
@@ -243,6 +256,11 @@ class HumanSegTask(Task):
                 loss = F.cross_entropy(face_logits(logits, batch.face), batch.y)
                 meter.update(logits, batch, loss)
         model.train(was_training)
+        if context.is_distributed:
+            shares = context.gather_objects(meter)
+            meter = SegmentationMeter(len(BODY_PARTS))
+            for share in shares:
+                meter.merge(share)
         return meter
 
     # Training --------------------------------------------------------------
@@ -257,16 +275,23 @@ class HumanSegTask(Task):
 
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
             resume: bool = False,
-            before_training: Callable[[], None] | None = None
+            before_training: Callable[[], None] | None = None,
+            distributed: DistributedContext | None = None
             ) -> tuple[torch.nn.Module, Trainer]:
         """Train one model with :class:`~pyg_metric_attn.training.Trainer`
         (checkpoints and metrics in ``out_dir`` when given; ``resume``: from
         its last checkpoint). ``before_training`` is called once the resume
-        is known to be valid, before anything is written."""
+        is known to be valid, before anything is written. With several
+        processes (``distributed``) each rank trains on its share of the
+        meshes (``batch_size`` per rank), draws its own augmentations, and
+        evaluates its share of the evaluation meshes."""
         o = self.options
+        context = distributed or DistributedContext()
         train, evaluation = self.datasets()
         seed_everything(seed)
         model = self.build_model(attention)
+        if context.is_distributed:
+            seed_everything(context.rank_seed(seed))
         optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
                                      weight_decay=o['weight_decay'])
         scheduler = None
@@ -275,17 +300,22 @@ class HumanSegTask(Task):
                                                                    self.epochs)
 
         def batches(epoch: int):
+            if context.is_distributed:
+                share = shard_indices(len(train), context, seed, epoch)
+                return DataLoader(train, o['batch_size'], sampler=share.tolist())
             generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
             return DataLoader(train, o['batch_size'], shuffle=True,
                               generator=generator)
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
-            return self.evaluate(model, evaluation).compute(f'{self.eval_split}_')
+            return self.evaluate(model, evaluation, distributed=context
+                                 ).compute(f'{self.eval_split}_')
 
         trainer = Trainer(model, optimizer, self.training_loss, evaluate,
                           scheduler=scheduler, out_dir=out_dir,
                           progress=self.progress,
-                          desc=f'human_seg {attention} seed {seed}')
+                          desc=f'human_seg {attention} seed {seed}',
+                          distributed=context)
         if resume:
             trainer.resume(self.epochs)
         if before_training is not None:

@@ -1,0 +1,248 @@
+"""Multi-process training: examples/distributed_node_classification.py in two
+gloo processes (under torchrun, or started by hand with the variables torchrun
+sets) against one process on the union of the ranks' batches; a killed or
+hung rank; resuming from rank 0's checkpoint; the library's pieces in one
+process."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.typing
+
+from pyg_metric_attn.training import (
+    DistributedContext,
+    Trainer,
+    process_group,
+    shard_indices,
+    strided_share,
+)
+from pyg_metric_attn.utils.io import load_verified
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / 'examples' / 'distributed_node_classification.py'
+# 600 training nodes, 300 per rank: 10 steps of 32 seeds per rank and epoch,
+# every neighbour (so that a rank's batch sees what the full graph shows).
+ARGS = ['--nodes', '1200', '--hidden', '4', '--heads', '2', '--batch-size', '32',
+        '--num-neighbors', '-1', '-1', '--no-progress', '--threads', '1']
+EPOCHS = 2
+
+needs_sampler = pytest.mark.skipif(
+    not (torch_geometric.typing.WITH_PYG_LIB
+         or torch_geometric.typing.WITH_TORCH_SPARSE),
+    reason="NeighborLoader needs the [sampling] extra (torch-sparse)")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location('distributed_node_classification',
+                                                  SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def environment(**variables: str) -> dict[str, str]:
+    """This checkout first on the path, one thread per process."""
+    env = dict(os.environ, OMP_NUM_THREADS='1', **variables)
+    env['PYTHONPATH'] = os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])])
+    return env
+
+
+def torchrun(out: Path, *extra: str, timeout: float = 120) -> None:
+    """The script under ``torchrun --nproc_per_node=2`` (must succeed)."""
+    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+               '--nproc_per_node=2', str(SCRIPT), *ARGS, '--out', str(out),
+               *extra]
+    result = subprocess.run(command, env=environment(), capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
+    """Two ranks started as torchrun would start them, but without its agent
+    (which would end the others itself when one dies)."""
+    port = str(free_port())
+    return [subprocess.Popen(
+        [sys.executable, str(SCRIPT), *ARGS, '--out', str(out), *extra],
+        env=environment(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
+                        LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                        MASTER_PORT=port),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)]
+
+
+def wait_for(path: Path, processes: list[subprocess.Popen],
+             timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        for p in processes:
+            if p.poll() is not None:
+                pytest.fail(f'a rank ended before {path.name} was written:\n'
+                            + p.communicate()[1])
+        assert time.monotonic() < deadline, f'no {path} after {timeout} s'
+        time.sleep(0.01)
+
+
+def model_state(run: Path) -> dict[str, torch.Tensor]:
+    return load_verified(run / 'last.pt')['model']
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory) -> Path:
+    """Two epochs of the script in two processes under torchrun."""
+    out = tmp_path_factory.mktemp('ddp') / 'run'
+    torchrun(out, '--epochs', str(EPOCHS))
+    return out
+
+
+@needs_sampler
+def test_ddp_steps_equal_one_process_on_the_union_of_the_ranks_batches(
+        two_process_run, one_thread):
+    script = load_script()
+    args = script.parse_args([*ARGS, '--epochs', str(EPOCHS)])
+    data = script.make_data(args)
+    model = script.build_model(args, data)
+    optimizer = script.make_optimizer(args, model)
+    train_nodes = data.train_mask.nonzero().view(-1)
+    steps = 0
+    for epoch in range(1, EPOCHS + 1):
+        shares = [train_nodes[shard_indices(len(train_nodes),
+                                            DistributedContext(rank, 2),
+                                            args.seed, epoch)]
+                  for rank in range(2)]
+        for start in range(0, len(shares[0]), args.batch_size):
+            union = torch.cat([share[start:start + args.batch_size]
+                               for share in shares])
+            optimizer.zero_grad()
+            out = model(data.x, data.edge_index)[union]
+            F.cross_entropy(out, data.y[union]).backward()
+            optimizer.step()
+            steps += 1
+    assert steps == 20
+    ddp = model_state(two_process_run)
+    initial = script.build_model(args, data).state_dict()
+    # The output bias b2 of the tied map phi cancels in phi(x_i) - phi(x_j):
+    # its gradient is rounding noise, which Adam scales up to steps of size
+    # lr, so it wanders differently in each run without changing any output.
+    noise_only = {name for name in ddp if name.endswith('embed_src.out.bias')}
+    assert len(noise_only) == 2
+    for name, value in model.state_dict().items():
+        assert not torch.allclose(ddp[name], initial[name])  # it trained
+        if name not in noise_only:
+            torch.testing.assert_close(ddp[name], value, atol=1e-5, rtol=1e-5,
+                                       msg=name)
+    with torch.no_grad():
+        expected = model(data.x, data.edge_index)
+        model.load_state_dict(ddp)
+        torch.testing.assert_close(model(data.x, data.edge_index), expected,
+                                   atol=1e-5, rtol=1e-5)
+
+
+@needs_sampler
+def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(
+        two_process_run, tmp_path):
+    """Rank 0 stops answering after epoch 1 (SIGSTOP): rank 1 exits after the
+    3 s timeout with one clear line; rank 0 is then killed, and the run
+    started again with --resume from rank 0's checkpoint ends where the
+    uninterrupted run did. (A rank that dies closes its connections: the
+    others fail at once, through the same error.)"""
+    out = tmp_path / 'run'
+    ranks = start_ranks(out, '--epochs', str(EPOCHS), '--timeout', '3')
+    try:
+        wait_for(out / 'last.pt', ranks)  # epoch 1 is done
+        os.kill(ranks[0].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        _, stderr = ranks[1].communicate(timeout=60)
+        waited = time.monotonic() - start
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()  # SIGKILL ends a stopped process too
+            p.communicate()
+    assert ranks[1].returncode == 1, stderr
+    assert ('error: rank 1 of 2: a collective operation failed: another rank '
+            'has died or has not answered within the 3 s timeout') in stderr
+    assert 'Traceback' not in stderr
+    assert waited < 30
+    history = load_verified(out / 'last.pt')['history']
+    assert [row['epoch'] for row in history] == [1], \
+        'the run went past epoch 1 before rank 0 stopped; make epochs longer'
+
+    resumed_ranks = start_ranks(out, '--epochs', str(EPOCHS), '--resume')
+    for p in resumed_ranks:
+        _, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+    resumed, straight = model_state(out), model_state(two_process_run)
+    for name, value in straight.items():
+        torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=1e-6,
+                                   msg=name)
+    rows = load_verified(out / 'last.pt')['history']
+    assert [row['epoch'] for row in rows] == [1, 2]
+
+
+# The library's pieces in one process ------------------------------------------
+
+def test_shards_cover_every_item_with_equal_shares():
+    for num_items, world in ((10, 2), (11, 3), (2, 4)):
+        shares = [shard_indices(num_items, DistributedContext(rank, world), 0, 1)
+                  for rank in range(world)]
+        assert len({len(share) for share in shares}) == 1
+        assert set(torch.cat(shares).tolist()) == set(range(num_items))
+        assert sum(len(share) for share in shares) - num_items < world
+    context = DistributedContext(0, 2)
+    assert not torch.equal(shard_indices(100, context, 0, 1),
+                           shard_indices(100, context, 0, 2))  # new each epoch
+    assert torch.equal(shard_indices(100, context, 0, 1),
+                       shard_indices(100, context, 0, 1))
+    assert list(strided_share(5, DistributedContext(1, 2))) == [1, 3]
+    with pytest.raises(ValueError, match='rank 2 is outside world size 2'):
+        DistributedContext(2, 2)
+
+
+def test_one_process_without_torchrun_starts_nothing(monkeypatch):
+    monkeypatch.delenv('WORLD_SIZE', raising=False)
+    monkeypatch.setenv('PYG_METRIC_ATTN_DIST_TIMEOUT', '42')
+    with process_group() as context:
+        assert context == DistributedContext(timeout_s=42.0)
+        assert not torch.distributed.is_initialized()
+        value = torch.tensor([1.0, 2.0])
+        assert context.sum(value) is value
+        assert context.gather_objects('a') == ['a']
+        model = torch.nn.Linear(2, 2)
+        assert context.wrap(model) is model
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    monkeypatch.delenv('MASTER_ADDR', raising=False)
+    with pytest.raises(RuntimeError, match='torchrun --nproc_per_node=2'):
+        with process_group():
+            pass
+
+
+def test_a_checkpoint_resumes_only_with_as_many_processes(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      lambda m, b: m(b).sum(), out_dir=tmp_path, progress=False)
+    trainer.fit(lambda epoch: [torch.randn(3, 2)], epochs=1)
+    state = load_verified(tmp_path / 'last.pt')
+    assert 'rng_per_rank' not in state  # one process: as before
+    state['rng_per_rank'] = [state['rng']] * 2  # as two processes write it
+    from pyg_metric_attn.utils.io import save_verified
+    save_verified(state, tmp_path / 'last.pt')
+    with pytest.raises(ValueError, match=r'written by 2 training process\(es\) '
+                       r'and this run has 1'):
+        trainer.resume(epochs=2)
