@@ -120,8 +120,9 @@ def test_ddp_steps_equal_one_process_on_the_union_of_the_ranks_batches(
     model = script.build_model(args, data)
     optimizer = script.make_optimizer(args, model)
     train_nodes = data.train_mask.nonzero().view(-1)
-    steps = 0
+    steps, epoch_losses = 0, []
     for epoch in range(1, EPOCHS + 1):
+        losses = []
         shares = [train_nodes[shard_indices(len(train_nodes),
                                             DistributedContext(rank, 2),
                                             args.seed, epoch)]
@@ -131,10 +132,17 @@ def test_ddp_steps_equal_one_process_on_the_union_of_the_ranks_batches(
                                for share in shares])
             optimizer.zero_grad()
             out = model(data.x, data.edge_index)[union]
-            F.cross_entropy(out, data.y[union]).backward()
+            loss = F.cross_entropy(out, data.y[union])
+            loss.backward()
             optimizer.step()
+            losses.append(float(loss))
             steps += 1
+        epoch_losses.append(sum(losses) / len(losses))
     assert steps == 20
+    # The logged loss is the mean over both ranks' batches.
+    history = load_verified(two_process_run / 'last.pt')['history']
+    assert [row['train_loss'] for row in history] == pytest.approx(epoch_losses,
+                                                                  rel=1e-5)
     ddp = model_state(two_process_run)
     initial = script.build_model(args, data).state_dict()
     # The output bias b2 of the tied map phi cancels in phi(x_i) - phi(x_j):
@@ -218,7 +226,7 @@ def test_shards_cover_every_item_with_equal_shares():
 def test_one_process_without_torchrun_starts_nothing(monkeypatch):
     monkeypatch.delenv('WORLD_SIZE', raising=False)
     monkeypatch.setenv('PYG_METRIC_ATTN_DIST_TIMEOUT', '42')
-    with process_group() as context:
+    with process_group(backend='gloo') as context:
         assert context == DistributedContext(timeout_s=42.0)
         assert not torch.distributed.is_initialized()
         value = torch.tensor([1.0, 2.0])

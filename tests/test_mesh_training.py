@@ -1,5 +1,5 @@
 """Mesh segmentation: metrics against hand-computed values, the global
-attention of MetricMeshFormer, a short training run, and the train / resume /
+attention of MetricMeshFormer, a short training run, the train / resume /
 evaluate / predict commands, and training in two processes under torchrun."""
 from __future__ import annotations
 

@@ -186,13 +186,13 @@ def process_group(timeout_s: float | None = None, backend: str | None = None
     r"""Join the process group that ``torchrun`` set up in the environment;
     yields this process's :class:`DistributedContext`.
 
+    ``backend`` (default: ``'nccl'`` where CUDA is available, each rank on
+    GPU ``LOCAL_RANK``, else ``'gloo'`` on the CPU) decides the device.
     Without ``WORLD_SIZE`` (a plain ``python script.py``), or with
     ``WORLD_SIZE=1``, nothing is started and the one-process context comes
-    back. Otherwise the group is joined with ``backend`` (default: ``'nccl'``
-    where CUDA is available, each rank on GPU ``LOCAL_RANK``, else
-    ``'gloo'`` on the CPU) and ``timeout_s`` (default:
-    ``$PYG_METRIC_ATTN_DIST_TIMEOUT`` or :data:`DEFAULT_TIMEOUT_S`) for the
-    rendezvous and every collective. A collective that fails inside the
+    back. Otherwise the group is joined with ``backend`` and ``timeout_s``
+    (default: ``$PYG_METRIC_ATTN_DIST_TIMEOUT`` or :data:`DEFAULT_TIMEOUT_S`)
+    for the rendezvous and every collective. A collective that fails inside the
     ``with`` block (a rank died: at once; a rank hangs: after the timeout)
     is raised as :class:`CollectiveError` naming this rank; the group is
     left on leaving the block.
@@ -202,8 +202,13 @@ def process_group(timeout_s: float | None = None, backend: str | None = None
     if timeout_s <= 0:
         raise ValueError(f"The timeout must be positive, got {timeout_s} s")
     world_size = int(os.environ.get('WORLD_SIZE', '1'))
+    local_rank = int(os.environ.get('LOCAL_RANK', '0'))
+    if backend is None:
+        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
+    device = (torch.device('cuda', local_rank) if backend == 'nccl'
+              else torch.device('cpu'))
     if world_size <= 1:
-        yield DistributedContext(timeout_s=timeout_s)
+        yield DistributedContext(device=device, timeout_s=timeout_s)
         return
     missing = [name for name in ('RANK', 'MASTER_ADDR', 'MASTER_PORT')
                if name not in os.environ]
@@ -212,12 +217,7 @@ def process_group(timeout_s: float | None = None, backend: str | None = None
                            f"unset: start the processes with torchrun (e.g. "
                            f"torchrun --nproc_per_node={world_size} ...)")
     rank = int(os.environ['RANK'])
-    local_rank = int(os.environ.get('LOCAL_RANK', '0'))
-    if backend is None:
-        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-    device = torch.device('cpu')
-    if backend == 'nccl':
-        device = torch.device('cuda', local_rank)
+    if device.type == 'cuda':
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     context = DistributedContext(rank, world_size, local_rank, device, timeout_s)
