@@ -45,7 +45,7 @@ from pyg_metric_attn.training import (
     seed_everything,
     shard_indices,
 )
-from pyg_metric_attn.utils.io import locked_folder
+from pyg_metric_attn.utils.io import FolderLockedError, locked_folder
 
 
 class NodeClassifier(torch.nn.Module):
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     try:
         with process_group(args.timeout) as ctx:
             train(args, ctx)
-    except CollectiveError as error:
+    except (CollectiveError, FolderLockedError) as error:
         print(f'error: {error}', file=sys.stderr)
         return 1
     return 0

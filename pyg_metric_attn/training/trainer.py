@@ -76,9 +76,10 @@ class Trainer:
             ``train_loss`` is the mean over all ranks' batches, ``evaluate``
             runs on every rank and rank 0's metrics are kept (so every rank
             takes the same decisions), and only rank 0 writes files and shows
-            the progress bar; checkpoints hold every rank's random state and
-            resume only with the same number of processes. One process
-            (the default) trains as without it.
+            the progress bar (give every rank the same ``out_dir``: saving
+            gathers their random states); checkpoints hold every rank's
+            random state and resume only with the same number of processes.
+            One process (the default) trains as without it.
     """
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, evaluate: EvaluateFn | None = None,
