@@ -1,15 +1,15 @@
 """Multi-process training: examples/distributed_node_classification.py in two
-gloo processes (under torchrun, or started by hand with the variables torchrun
-sets) against one process on the union of the ranks' batches; a killed or
-hung rank; resuming from rank 0's checkpoint; the library's pieces in one
-process."""
+gloo processes against one process on the union of the ranks' batches; a hung
+and then killed rank; resuming from rank 0's checkpoint; the library's pieces
+in one process. (``torchrun`` itself launches the mesh trainer in
+tests/test_mesh_training.py.)"""
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,7 @@ from pyg_metric_attn.training import (
     shard_indices,
     strided_share,
 )
-from pyg_metric_attn.utils.io import load_verified
+from pyg_metric_attn.utils.io import load_verified, save_verified
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / 'examples' / 'distributed_node_classification.py'
@@ -35,6 +35,10 @@ SCRIPT = REPO / 'examples' / 'distributed_node_classification.py'
 ARGS = ['--nodes', '1200', '--hidden', '4', '--heads', '2', '--batch-size', '32',
         '--num-neighbors', '-1', '-1', '--no-progress', '--threads', '1']
 EPOCHS = 2
+# What the fork server imports once, so that each rank starts in a fraction of
+# a second instead of ~6 s of imports (two cores: CI time).
+PRELOAD = ['torch', 'torch_geometric', 'torch_geometric.loader',
+           'pyg_metric_attn', 'pyg_metric_attn.datasets', 'pyg_metric_attn.training']
 
 needs_sampler = pytest.mark.skipif(
     not (torch_geometric.typing.WITH_PYG_LIB
@@ -50,22 +54,16 @@ def load_script():
     return module
 
 
-def environment(**variables: str) -> dict[str, str]:
-    """This checkout first on the path, one thread per process."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', **variables)
-    env['PYTHONPATH'] = os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])])
-    return env
-
-
-def torchrun(out: Path, *extra: str, timeout: float = 120) -> None:
-    """The script under ``torchrun --nproc_per_node=2`` (must succeed)."""
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
-               '--nproc_per_node=2', str(SCRIPT), *ARGS, '--out', str(out),
-               *extra]
-    result = subprocess.run(command, env=environment(), capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
+def run_rank(rank: int, port: int, argv: list[str], log: str) -> None:
+    """One rank of the script with the variables torchrun sets (its output in
+    ``log``); exits with the script's code."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
+                      LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    with open(log, 'w') as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    sys.exit(load_script().main(argv))
 
 
 def free_port() -> int:
@@ -74,29 +72,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(out: Path, *extra: str) -> list[subprocess.Popen]:
-    """Two ranks started as torchrun would start them, but without its agent
-    (which would end the others itself when one dies)."""
-    port = str(free_port())
-    return [subprocess.Popen(
-        [sys.executable, str(SCRIPT), *ARGS, '--out', str(out), *extra],
-        env=environment(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
-                        LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
-                        MASTER_PORT=port),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)]
+class Ranks:
+    """Two ranks of the script, started as torchrun starts them but without
+    its agent (which would end the others itself when one dies)."""
+    def __init__(self, out: Path, *extra: str):
+        context = multiprocessing.get_context('forkserver')
+        context.set_forkserver_preload(PRELOAD)  # before the server starts
+        port = free_port()
+        self.logs = [out.parent / f'{out.name}-rank{rank}.log' for rank in range(2)]
+        self.processes = [context.Process(
+            target=run_rank,
+            args=(rank, port, [*ARGS, '--out', str(out), *extra], str(log)))
+            for rank, log in enumerate(self.logs)]
+        for process in self.processes:
+            process.start()
 
+    def log(self, rank: int) -> str:
+        return self.logs[rank].read_text()
 
-def wait_for(path: Path, processes: list[subprocess.Popen],
-             timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        for p in processes:
-            if p.poll() is not None:
-                pytest.fail(f'a rank ended before {path.name} was written:\n'
-                            + p.communicate()[1])
-        assert time.monotonic() < deadline, f'no {path} after {timeout} s'
-        time.sleep(0.01)
+    def wait(self, timeout: float = 120) -> None:
+        """Until both end; each must succeed."""
+        for rank, process in enumerate(self.processes):
+            process.join(timeout)
+            assert process.exitcode == 0, self.log(rank)
+
+    def wait_for(self, path: Path, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            for rank, process in enumerate(self.processes):
+                if process.exitcode is not None:
+                    pytest.fail(f'rank {rank} ended before {path.name} was '
+                                f'written:\n{self.log(rank)}')
+            assert time.monotonic() < deadline, f'no {path} after {timeout} s'
+            time.sleep(0.01)
+
+    def end(self) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                process.kill()  # SIGKILL ends a stopped process too
+            process.join()
 
 
 def model_state(run: Path) -> dict[str, torch.Tensor]:
@@ -105,9 +119,9 @@ def model_state(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope='module')
 def two_process_run(tmp_path_factory) -> Path:
-    """Two epochs of the script in two processes under torchrun."""
+    """Two epochs of the script in two processes."""
     out = tmp_path_factory.mktemp('ddp') / 'run'
-    torchrun(out, '--epochs', str(EPOCHS))
+    Ranks(out, '--epochs', str(EPOCHS)).wait()
     return out
 
 
@@ -171,19 +185,17 @@ def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(
     uninterrupted run did. (A rank that dies closes its connections: the
     others fail at once, through the same error.)"""
     out = tmp_path / 'run'
-    ranks = start_ranks(out, '--epochs', str(EPOCHS), '--timeout', '3')
+    ranks = Ranks(out, '--epochs', str(EPOCHS), '--timeout', '3')
     try:
-        wait_for(out / 'last.pt', ranks)  # epoch 1 is done
-        os.kill(ranks[0].pid, signal.SIGSTOP)
+        ranks.wait_for(out / 'last.pt')  # epoch 1 is done
+        os.kill(ranks.processes[0].pid, signal.SIGSTOP)
         start = time.monotonic()
-        _, stderr = ranks[1].communicate(timeout=60)
+        ranks.processes[1].join(60)
         waited = time.monotonic() - start
     finally:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()  # SIGKILL ends a stopped process too
-            p.communicate()
-    assert ranks[1].returncode == 1, stderr
+        ranks.end()
+    stderr = ranks.log(1)
+    assert ranks.processes[1].exitcode == 1, stderr
     assert ('error: rank 1 of 2: a collective operation failed: another rank '
             'has died or has not answered within the 3 s timeout') in stderr
     assert 'Traceback' not in stderr
@@ -192,10 +204,7 @@ def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(
     assert [row['epoch'] for row in history] == [1], \
         'the run went past epoch 1 before rank 0 stopped; make epochs longer'
 
-    resumed_ranks = start_ranks(out, '--epochs', str(EPOCHS), '--resume')
-    for p in resumed_ranks:
-        _, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0, stderr
+    Ranks(out, '--epochs', str(EPOCHS), '--resume').wait()
     resumed, straight = model_state(out), model_state(two_process_run)
     for name, value in straight.items():
         torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=1e-6,
@@ -249,7 +258,6 @@ def test_a_checkpoint_resumes_only_with_as_many_processes(tmp_path):
     state = load_verified(tmp_path / 'last.pt')
     assert 'rng_per_rank' not in state  # one process: as before
     state['rng_per_rank'] = [state['rng']] * 2  # as two processes write it
-    from pyg_metric_attn.utils.io import save_verified
     save_verified(state, tmp_path / 'last.pt')
     with pytest.raises(ValueError, match=r'written by 2 training process\(es\) '
                        r'and this run has 1'):
