@@ -177,15 +177,18 @@ def test_ddp_steps_equal_one_process_on_the_union_of_the_ranks_batches(
 
 
 @needs_sampler
-def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(
-        two_process_run, tmp_path):
+def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(tmp_path):
     """Rank 0 stops answering after epoch 1 (SIGSTOP): rank 1 exits after the
     3 s timeout with one clear line; rank 0 is then killed, and the run
-    started again with --resume from rank 0's checkpoint ends where the
-    uninterrupted run did. (A rank that dies closes its connections: the
-    others fail at once, through the same error.)"""
+    started again with --resume from rank 0's checkpoint ends where an
+    uninterrupted run does, sampled neighbours and all (each rank's random
+    state is restored). (A rank that dies closes its connections: the others
+    fail at once, through the same error.)"""
+    sampled = ['--num-neighbors', '3', '3', '--epochs', str(EPOCHS)]
+    straight = tmp_path / 'straight'
+    Ranks(straight, *sampled).wait()
     out = tmp_path / 'run'
-    ranks = Ranks(out, '--epochs', str(EPOCHS), '--timeout', '3')
+    ranks = Ranks(out, *sampled, '--timeout', '3')
     try:
         ranks.wait_for(out / 'last.pt')  # epoch 1 is done
         os.kill(ranks.processes[0].pid, signal.SIGSTOP)
@@ -204,9 +207,9 @@ def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(
     assert [row['epoch'] for row in history] == [1], \
         'the run went past epoch 1 before rank 0 stopped; make epochs longer'
 
-    Ranks(out, '--epochs', str(EPOCHS), '--resume').wait()
-    resumed, straight = model_state(out), model_state(two_process_run)
-    for name, value in straight.items():
+    Ranks(out, *sampled, '--resume').wait()
+    resumed = model_state(out)
+    for name, value in model_state(straight).items():
         torch.testing.assert_close(resumed[name], value, atol=1e-6, rtol=1e-6,
                                    msg=name)
     rows = load_verified(out / 'last.pt')['history']
