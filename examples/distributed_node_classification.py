@@ -20,8 +20,10 @@ the same on every rank.
     # after a crash or a kill of any rank: start the same command again with
     # --resume (goes on from the last finished epoch, same number of processes)
 
-A rank that dies ends the others with an error at once; one that hangs, after
---timeout seconds.
+When a rank dies torchrun's agent stops the others on its machine; ranks
+elsewhere (or started without torchrun) fail at once with "error: rank R of
+N: a collective operation failed ...", and a rank that hangs makes the others
+fail so after --timeout seconds.
 """
 from __future__ import annotations
 
