@@ -3,6 +3,7 @@ eigenpairs, heat kernel signatures, tangent gradients, and a content-keyed
 operator cache."""
 from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
 from pyg_metric_attn.geometry.gradients import (
+    gradient_coefficients,
     gradient_operators,
     tangent_frames,
     vertex_normals,
@@ -35,7 +36,7 @@ from pyg_metric_attn.geometry.spectral import (
 __all__ = [
     'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
-    'gradient_operators', 'heat_kernel_signature', 'hks_times',
+    'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature', 'hks_times',
     'is_edge_manifold', 'laplacian', 'mesh_edges', 'mesh_operators',
     'normalize_positions', 'operator_cache_key', 'renumber_mesh',
     'tangent_frames',

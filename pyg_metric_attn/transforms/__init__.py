@@ -6,6 +6,7 @@ from pyg_metric_attn.transforms.mesh import (
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
+from pyg_metric_attn.transforms.mesh_preprocessing import MeshPreprocessing
 
-__all__ = ['MeshOperators', 'NormalizeMesh', 'RandomRotation', 'random_rotation',
-           'rescaled_heat_kernel_signatures']
+__all__ = ['MeshOperators', 'MeshPreprocessing', 'NormalizeMesh', 'RandomRotation',
+           'random_rotation', 'rescaled_heat_kernel_signatures']
