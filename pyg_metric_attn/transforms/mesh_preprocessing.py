@@ -133,7 +133,7 @@ class MeshPreprocessing(BaseTransform):
         raw = data.pos.detach().cpu().double().numpy()
         check_mesh(raw, face.t().numpy(), name)
         data.pos = torch.from_numpy(normalize_positions(raw)).float()
-        data.edge_index = mesh_edge_index(face, len(raw))
+        data.edge_index = _mesh_edge_index(face, len(raw))
         # The operators of the positions the models see (rounded to float32).
         for key, value in self.operators(data.pos.double().numpy(),
                                          face.t().numpy(), name).items():
@@ -183,7 +183,7 @@ class MeshPreprocessing(BaseTransform):
         return f'{self.__class__.__name__}({settings})'
 
 
-def mesh_edge_index(face: Tensor, num_nodes: int) -> Tensor:
+def _mesh_edge_index(face: Tensor, num_nodes: int) -> Tensor:
     """The undirected edges of the triangles ``face`` ``[3, F]``, both
     directions, sorted, without self-loops (of degenerate triangles)."""
     sides = torch.cat([face[[0, 1]], face[[1, 2]], face[[2, 0]]], dim=1)
