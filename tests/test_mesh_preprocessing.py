@@ -20,9 +20,9 @@ from pyg_metric_attn.transforms import MeshPreprocessing
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 #: The output of the data sets' former preprocessing (``mesh_data`` and
-#: ``compute_operators`` of commit 4197d22, k=16, hks_count=4,
-#: spectral_basis=16, gradients=True) for :func:`bumpy_sphere`; that commit's
-#: test showed MeshPreprocessing equal to it bit for bit.
+#: ``compute_operators`` as of main at fc9edf1, k=16, hks_count=4,
+#: spectral_basis=16, gradients=True) for :func:`bumpy_sphere`; the commit that
+#: added MeshPreprocessing tested it equal to that path bit for bit.
 FORMER_OUTPUT = Path(__file__).parent / 'data' / 'bumpy_sphere_operators.pt'
 
 
