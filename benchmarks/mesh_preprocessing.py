@@ -6,7 +6,9 @@ files deleted), and loading the processed files.
         [--processed-dir datasets/human_seg_processed] [--former]
 
 ``--former`` times what ``MetricMeshFormer`` needs on top: the meshes keep
-their 128 eigenpairs and carry tangent gradient operators.
+their 128 eigenpairs and carry tangent gradient operators. The meshes go
+through ``MeshPreprocessing`` with its operator cache in
+``PROCESSED/operators``.
 
 The processed files stay in ``--processed-dir`` if given (it must not exist
 yet), else in a temporary folder that is removed.
@@ -20,14 +22,17 @@ import time
 from pathlib import Path
 
 from pyg_metric_attn.datasets import HumanSegmentation
+from pyg_metric_attn.transforms import MeshPreprocessing
 
 
 def load_both(root: str, processed: Path, workers: int,
               former: bool) -> tuple[float, int]:
     options = dict(spectral_basis=128, gradients=True) if former else {}
+    preprocess = MeshPreprocessing(cache_dir=processed / 'operators', **options)
     start = time.perf_counter()
-    count = sum(len(HumanSegmentation(root, split, processed_dir=str(processed),
-                                      num_workers=workers, **options))
+    count = sum(len(HumanSegmentation(root, split, pre_transform=preprocess,
+                                      processed_dir=str(processed),
+                                      num_workers=workers))
                 for split in ('train', 'test'))
     return time.perf_counter() - start, count
 
@@ -46,7 +51,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         processed = Path(args.processed_dir or Path(tmp) / 'processed')
         first, count = load_both(args.root, processed, args.workers, args.former)
-        for path in processed.glob('*.pt'):
+        # The processed files (PROCESSED/TAG/*.pt), not the operator cache
+        # (PROCESSED/operators/ab/KEY.pt).
+        for path in processed.glob('*/*.pt'):
             path.unlink()
         cached, _ = load_both(args.root, processed, args.workers, args.former)
         loaded, _ = load_both(args.root, processed, args.workers, args.former)

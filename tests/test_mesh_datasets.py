@@ -11,7 +11,6 @@ import pytest
 import torch
 import trimesh
 from conftest import shared_dataset
-from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
 import pyg_metric_attn.datasets.human_segmentation as human_segmentation
@@ -22,12 +21,14 @@ from pyg_metric_attn.datasets import (
     majority_label,
 )
 from pyg_metric_attn.datasets.human_segmentation import MIT_POSES, SHREC_IDS
-from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
-from pyg_metric_attn.datasets.mesh_io import read_mesh
+from pyg_metric_attn.datasets.mesh_dataset import mesh_data
+from pyg_metric_attn.datasets.mesh_io import read_labels, read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
 from pyg_metric_attn.geometry import MeshError, edge_face_counts
-from pyg_metric_attn.geometry.spectral import heat_kernel_signature
+from pyg_metric_attn.transforms import MeshPreprocessing
 
+#: Preprocessing with few eigenpairs (quick), by ``k``.
+FEW = {k: MeshPreprocessing(k) for k in (8, 16, 32)}
 REAL_MESHES = {'train': ['scape__mesh000', 'faust__tr_reg_077',
                          'MIT_animation__meshes_crane__meshes__mesh_0110'],
                'test': ['shrec__5']}
@@ -51,9 +52,10 @@ def human_seg_root(tmp_path_factory):
 
 
 def test_meshcnn_layout_on_real_meshes(human_seg_root):
-    train = HumanSegmentation(str(human_seg_root), 'train', k=32, log=False,
-                              num_workers=1)
-    test = HumanSegmentation(str(human_seg_root), 'test', k=32, log=False)
+    train = HumanSegmentation(str(human_seg_root), 'train', pre_transform=FEW[32],
+                              log=False, num_workers=1)
+    test = HumanSegmentation(str(human_seg_root), 'test', pre_transform=FEW[32],
+                             log=False)
     assert len(train) == 3 and len(test) == 1
     shared = shared_dataset('human_seg')
     for data in [*train, *test]:
@@ -95,10 +97,35 @@ def test_meshcnn_layout_on_real_meshes(human_seg_root):
     assert int(batch.edge_label_index.max()) == batch.num_nodes - 1
 
 
+def test_a_benchmark_file_through_the_preprocessing_equals_the_item(
+        human_seg_root, tmp_path):
+    """What ``predict`` and the Python API compute for a mesh file is the data
+    set's item: every field, bit for bit (here with the former's operators)."""
+    preprocess = MeshPreprocessing(32, spectral_basis=32, gradients=True)
+    (item,) = HumanSegmentation(str(human_seg_root), 'test', log=False,
+                                pre_transform=preprocess,
+                                processed_dir=str(tmp_path))
+    pos, face = read_mesh(human_seg_root / 'test' / 'shrec__5.obj')
+    mesh = preprocess(mesh_data(
+        pos, face, 'shrec__5',
+        edge_labels=read_labels(human_seg_root / 'seg' / 'shrec__5.eseg') - 1,
+        edge_soft_labels=read_labels(human_seg_root / 'sseg' / 'shrec__5.seseg',
+                                     float)))
+    assert sorted(mesh.keys()) == sorted(item.keys())
+    for key in item.keys():
+        if isinstance(item[key], torch.Tensor):
+            assert mesh[key].dtype == item[key].dtype, key
+            assert torch.equal(mesh[key], item[key]), key
+        else:
+            assert mesh[key] == item[key], key
+    assert {'evals', 'evecs', 'grad_index', 'grad_weight', 'edge_label',
+            'edge_label_soft'} <= set(item.keys())
+
+
 def test_read_only_raw_folder_with_processed_dir(tmp_path):
     shared = shared_dataset('human_seg')
     # Processing the whole shared folder would be slow; pre-filter keeps one.
-    dataset = HumanSegmentation(str(shared), 'test', k=16, log=False,
+    dataset = HumanSegmentation(str(shared), 'test', pre_transform=FEW[16], log=False,
                                 processed_dir=str(tmp_path / 'processed'),
                                 pre_filter=lambda d: d.name == 'shrec__1',
                                 num_workers=1)
@@ -107,7 +134,7 @@ def test_read_only_raw_folder_with_processed_dir(tmp_path):
 
 
 def test_corrupt_processed_file_is_reprocessed(human_seg_root, tmp_path):
-    kwargs = dict(k=16, log=False, processed_dir=str(tmp_path))
+    kwargs = dict(pre_transform=FEW[16], log=False, processed_dir=str(tmp_path))
     first = HumanSegmentation(str(human_seg_root), 'test', **kwargs)
     path = Path(first.processed_paths[0])
     data = bytearray(path.read_bytes())
@@ -144,7 +171,7 @@ def test_present_raw_files_are_never_downloaded(human_seg_root, monkeypatch,
     def fail(*args, **kwargs):
         raise AssertionError('download attempted')
     monkeypatch.setattr(human_segmentation, 'download_url', fail)
-    HumanSegmentation(str(human_seg_root), 'test', k=16, log=False,
+    HumanSegmentation(str(human_seg_root), 'test', pre_transform=FEW[16], log=False,
                       processed_dir=str(tmp_path))
 
 
@@ -203,10 +230,10 @@ def write_original_layout(root: Path) -> dict[str, list[int]]:
 
 def test_original_layout_fixture(tmp_path):
     written = write_original_layout(tmp_path)
-    train = HumanSegmentation(str(tmp_path), 'train', 'original', k=8, log=False,
-                              num_workers=1)
-    test = HumanSegmentation(str(tmp_path), 'test', 'original', k=8, log=False,
-                             num_workers=1)
+    train = HumanSegmentation(str(tmp_path), 'train', 'original',
+                              pre_transform=FEW[8], log=False, num_workers=1)
+    test = HumanSegmentation(str(tmp_path), 'test', 'original',
+                             pre_transform=FEW[8], log=False, num_workers=1)
     assert len(train) == 2 + 2 * (2 + len(MIT_POSES)) and len(test) == 18
     assert [d.name for d in test][:3] == ['test/shrec/1.off', 'test/shrec/2.off',
                                          'test/shrec/3.off']
@@ -232,16 +259,16 @@ def test_mesh_folder_face_and_vertex_labels(tmp_path):
     trimesh.Trimesh(pos, face, process=False).export(sub / 'b.obj')
     vertex_labels = (pos[:, 0] > 0).astype(int) + 1
     (sub / 'b.txt').write_text(''.join(f'{v}\n' for v in vertex_labels))
-    vertex = MeshFolder(str(sub), first_label=1, k=8, log=False)
+    vertex = MeshFolder(str(sub), first_label=1, pre_transform=FEW[8], log=False)
     assert vertex[0].vertex_y.tolist() == (vertex_labels - 1).tolist()
     assert vertex[0].y.tolist() == majority_label(vertex_labels[face] - 1).tolist()
     with pytest.raises(ValueError, match=r"different labels \(y vs y, vertex_y\)"):
-        MeshFolder(str(tmp_path), first_label=1, k=8, log=False)
+        MeshFolder(str(tmp_path), first_label=1, pre_transform=FEW[8], log=False)
     (sub / 'b.txt').unlink()
     trimesh.Trimesh(pos, face, process=False).export(sub / 'c.off')
     (sub / 'c.txt').write_text(''.join(f'{i % 5 + 1}\n' for i in range(80)))
     (sub / 'b.txt').write_text(''.join(f'{i % 2 + 1}\n' for i in range(80)))
-    dataset = MeshFolder(str(tmp_path), first_label=1, k=8, log=False,
+    dataset = MeshFolder(str(tmp_path), first_label=1, pre_transform=FEW[8], log=False,
                          force_reload=True)
     assert [d.name for d in dataset] == ['a.ply', 'sub/b.obj', 'sub/c.off']
     a, b, c = dataset
@@ -250,7 +277,7 @@ def test_mesh_folder_face_and_vertex_labels(tmp_path):
     assert a.x.shape == (42, 16)
     (tmp_path / 'sub' / 'c.txt').write_text('1\n2\n')
     with pytest.raises(MeshError, match=r"c\.off: 2 labels for 80 faces"):
-        MeshFolder(str(tmp_path), first_label=1, k=8, log=False,
+        MeshFolder(str(tmp_path), first_label=1, pre_transform=FEW[8], log=False,
                    force_reload=True)
 
 
@@ -272,16 +299,16 @@ def test_synthetic_humans_properties(tmp_path):
     assert (adjacent[:, 0] != adjacent[:, 1]).any()
 
     dataset = SyntheticHumans(str(tmp_path), 'train', num_meshes=2, seed=5,
-                              num_workers=1, k=32, log=False)
+                              num_workers=1, pre_transform=FEW[32], log=False)
     test = SyntheticHumans(str(tmp_path), 'test', num_meshes=1, seed=5,
-                           num_workers=1, k=32, log=False)
+                           num_workers=1, pre_transform=FEW[32], log=False)
     assert len(dataset) == 2 and dataset[0].y.max() == 7
     assert dataset[0].num_nodes != test[0].num_nodes or not torch.equal(
         dataset[0].pos, test[0].pos)
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         again = SyntheticHumans(str(tmp_path / 'again'), 'train', num_meshes=1,
-                                seed=5, num_workers=1, k=32, log=False)
+                                seed=5, num_workers=1, pre_transform=FEW[32], log=False)
     assert torch.equal(again[0].pos, dataset[0].pos)  # mesh i depends on i only
 
 
@@ -292,21 +319,3 @@ def test_stl_triangle_soup_is_merged_into_a_connected_mesh(tmp_path):
     assert pos.shape == (642, 3) and face.shape == (1280, 3)
     # Same triangles in the same order (STL stores float32 corners).
     np.testing.assert_allclose(pos[face], sphere.vertices[sphere.faces], atol=1e-6)
-
-
-def test_meshes_with_fewer_vertices_than_eigenpairs_collate_with_others():
-    settings = dict(k=16, hks_count=4, gradients=False, laplacian_method='auto')
-    small = trimesh.creation.icosahedron()  # 12 vertices: 12 eigenpairs, not 16
-    large = trimesh.creation.icosphere(subdivisions=1)  # 42 vertices
-    meshes = [mesh_data(m.vertices, m.faces, name)
-              for m, name in ((small, 'small'), (large, 'large'))]
-    compute_operators(meshes, settings, cache_dir=None, num_workers=1,
-                      progress=False, spectral_basis=16)
-    batch = Batch.from_data_list(meshes)
-    assert batch.evals.shape == (2, 16) and batch.evecs.shape == (54, 16)
-    # Padded with zero eigenvectors: they add nothing to a diffusion or HKS.
-    assert (meshes[0].evecs[:, 12:] == 0).all()
-    evals, evecs = meshes[0].evals[0].double(), meshes[0].evecs.double()
-    assert (evals[12:] == evals[11]).all()  # eigenvalues stay sorted
-    hks = heat_kernel_signature(evals[:12].numpy(), evecs[:, :12].numpy(), 4)
-    np.testing.assert_allclose(meshes[0].hks.numpy(), hks, rtol=1e-4, atol=1e-6)

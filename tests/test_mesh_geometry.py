@@ -1,7 +1,5 @@
-"""Mesh operators against analytic facts, degenerate input, the cache."""
+"""Mesh operators against analytic facts, degenerate input."""
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import pytest
@@ -11,16 +9,15 @@ from conftest import shared_dataset
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.geometry import (
     MeshError,
-    OperatorCache,
+    check_mesh,
     eigendecomposition,
     face_areas,
+    gradient_coefficients,
     gradient_operators,
     heat_kernel_signature,
     laplacian,
     mesh_edges,
-    mesh_operators,
     normalize_positions,
-    operator_cache_key,
     tangent_frames,
     vertex_fan_counts,
 )
@@ -36,6 +33,13 @@ def human():
 def sphere(subdivisions: int = 3):
     mesh = trimesh.creation.icosphere(subdivisions)
     return np.asarray(mesh.vertices, float), np.asarray(mesh.faces, np.int64)
+
+
+def spectrum(pos: np.ndarray, face: np.ndarray, k: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(evals, evecs, 16 HKS)`` of a mesh as given (not normalised)."""
+    evals, evecs = eigendecomposition(*laplacian(pos, face)[:2], k=k)
+    return evals, evecs, heat_kernel_signature(evals, evecs, 16)
 
 
 def pinched_tetrahedra():
@@ -83,13 +87,13 @@ def test_small_mesh_is_solved_densely():
 
 def test_hks_invariant_to_rotation_and_vertex_order(human):
     pos, face = human
-    reference = mesh_operators(pos, face, k=64)['hks'].numpy()
+    reference = spectrum(pos, face, 64)[2]
     rotated = pos @ random_rotation().numpy().T
-    np.testing.assert_allclose(mesh_operators(rotated, face, k=64)['hks'].numpy(),
-                               reference, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(spectrum(rotated, face, 64)[2], reference,
+                               rtol=1e-4, atol=1e-6)
     perm = np.random.default_rng(0).permutation(len(pos))
     inverse = np.argsort(perm)  # new vertex i is old vertex perm[i]
-    hks = mesh_operators(pos[perm], inverse[face], k=64)['hks'].numpy()
+    hks = spectrum(pos[perm], inverse[face], 64)[2]
     np.testing.assert_allclose(hks, reference[perm], rtol=1e-4, atol=1e-6)
     # HKS at t -> 0 is large, it decays with t and is positive.
     assert (reference > 0).all() and (np.diff(reference, axis=1) < 0).all()
@@ -112,16 +116,15 @@ def test_rescaled_hks_is_the_hks_of_a_scaled_mesh():
 
     pos, face = sphere(2)
     pos = pos * np.array([1.0, 0.7, 0.5])  # an ellipsoid: distinct eigenvalues
-    ops = mesh_operators(pos, face, k=24)
-    evals = torch.stack([ops['evals'], ops['evals']]).double()
-    evecs = torch.cat([ops['evecs'], ops['evecs']]).double()
+    evals, evecs, hks = spectrum(pos, face, 24)
+    evals = torch.from_numpy(np.stack([evals, evals]))
+    evecs = torch.from_numpy(np.concatenate([evecs, evecs]))
     batch = torch.arange(2).repeat_interleave(len(pos))
     size = 1.5  # scaling by a: evals / a^2, mass-normalised evecs^2 / a^2
     rescaled = rescaled_heat_kernel_signatures(
         evals, evecs, batch, torch.tensor([1.0, size ** -2], dtype=torch.float64))
-    np.testing.assert_allclose(rescaled[:len(pos)].numpy(), ops['hks'].numpy(),
-                               rtol=1e-5)
-    enlarged = mesh_operators(pos * size, face, k=24)['hks'].numpy()
+    np.testing.assert_allclose(rescaled[:len(pos)].numpy(), hks, rtol=1e-5)
+    enlarged = spectrum(pos * size, face, 24)[2]
     np.testing.assert_allclose(rescaled[len(pos):].numpy() / size ** 2,
                                enlarged, rtol=1e-4)
     with pytest.raises(ValueError, match='one positive factor per mesh'):
@@ -149,6 +152,24 @@ def test_gradient_of_linear_function_is_exact():
     # Frames are orthonormal with the normal last.
     np.testing.assert_allclose(np.einsum('vij,vkj->vik', frames, frames),
                                np.broadcast_to(np.eye(3), frames.shape), atol=1e-12)
+
+
+def test_gradient_coefficients_hold_both_operators():
+    pos, face = sphere(1)
+    grad_x, grad_y = gradient_operators(pos, face)
+    index, weight = gradient_coefficients(grad_x, grad_y)
+    # Sorted by row, then column, each nonzero once.
+    flat = index[0] * len(pos) + index[1]
+    assert (np.diff(flat) > 0).all()
+    for axis, operator in enumerate((grad_x, grad_y)):
+        dense = np.zeros((len(pos), len(pos)))
+        dense[index[0], index[1]] = weight[:, axis]
+        np.testing.assert_array_equal(dense, operator.toarray())
+    # Nonzeros only on the diagonal and the edges (an exact zero, e.g. a
+    # diagonal of this symmetric mesh, may be left out).
+    edges = {tuple(edge) for edge in mesh_edges(face)[0].tolist()}
+    assert all(i == j or (min(i, j), max(i, j)) in edges for i, j in index.T.tolist())
+    assert index.shape[1] >= 2 * len(edges)
 
 
 def test_mesh_edges_follow_meshcnn_order(human):
@@ -188,84 +209,18 @@ def test_degenerate_meshes_get_clear_errors_or_robust_results():
     bad = pos.copy()
     bad[5, 1] = np.nan
     with pytest.raises(MeshError, match=r"ball\.obj: 1 vertices have NaN.*vertex 5"):
-        mesh_operators(bad, face, k=8, name='ball.obj')
+        check_mesh(bad, face, name='ball.obj')
     with pytest.raises(MeshError, match='belong to no face'):
-        mesh_operators(np.concatenate([pos, [[3.0, 3, 3]]]), face, k=8)
+        check_mesh(np.concatenate([pos, [[3.0, 3, 3]]]), face)
     with pytest.raises(MeshError, match='face indices'):
-        mesh_operators(pos, face + 1, k=8)
+        check_mesh(pos, face + 1)
     with pytest.raises(MeshError, match='triangles'):
-        mesh_operators(pos, face[:, :2], k=8)
+        check_mesh(pos, face[:, :2])
     with pytest.raises(MeshError, match='mass'):
         eigendecomposition(laplacian(pos, face)[0], np.zeros(len(pos)), k=4)
     # A zero-area face (a collapsed triangle) is handled by the robust Laplacian.
     degenerate = np.concatenate([face, [[0, 0, 1]]])
-    operators = mesh_operators(pos, degenerate, k=8)
-    assert operators['laplacian_method'] == 'robust'
-    assert np.isfinite(operators['hks'].numpy()).all()
-
-
-def test_operator_cache_hit_corruption_and_mismatch(tmp_path, monkeypatch):
-    pos, face = sphere(1)  # k = 9: whole eigenspaces (1 + 3 + 5)
-    cache = OperatorCache(tmp_path)
-    first = mesh_operators(pos, face, k=9, cache=cache)
-    key = operator_cache_key(pos, face, dict(k=9, hks_count=16, gradients=False,
-                                             laplacian='auto'))
-    path = cache.path(key)
-    assert path.exists()
-
-    import pyg_metric_attn.geometry.operators as operators_module
-
-    def fail(*args, **kwargs):
-        raise AssertionError('recomputed although cached')
-    with monkeypatch.context() as m:
-        m.setattr(operators_module, 'eigendecomposition', fail)
-        hit = mesh_operators(pos, face, k=9, cache=cache)
-    assert np.array_equal(hit['hks'].numpy(), first['hks'].numpy())
-
-    data = bytearray(path.read_bytes())
-    data[-20] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.warns(UserWarning, match='checksum'):
-        again = mesh_operators(pos, face, k=9, cache=cache)
-    np.testing.assert_allclose(again['hks'].numpy(), first['hks'].numpy())
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # rewritten: now a clean hit
-        mesh_operators(pos, face, k=9, cache=cache)
-
-    # An entry filed under the wrong key (e.g. copied by hand) is not used.
-    other = mesh_operators(pos * 2, face, k=9, cache=cache)
-    other_key = operator_cache_key(pos * 2, face, dict(k=9, hks_count=16,
-                                                       gradients=False,
-                                                       laplacian='auto'))
-    path.write_bytes(cache.path(other_key).read_bytes())
-    with pytest.warns(UserWarning, match='another mesh'):
-        again = mesh_operators(pos, face, k=9, cache=cache)
-    np.testing.assert_allclose(again['hks'].numpy(), first['hks'].numpy())
-    assert not np.allclose(other['evals'].numpy(), first['evals'].numpy())
-    # Settings are part of the key.
-    assert operator_cache_key(pos, face, {'k': 8}) != operator_cache_key(
-        pos, face, {'k': 16})
-
-
-def test_mesh_transforms(tmp_path):
-    import torch
-    from torch_geometric.data import Data
-
-    from pyg_metric_attn.transforms import MeshOperators, NormalizeMesh
-
-    pos, face = sphere(1)
-    data = Data(pos=torch.tensor(pos * 3 + 1, dtype=torch.float),
-                face=torch.from_numpy(face.T.copy()), name='ball')
-    data = NormalizeMesh()(data)
-    radius = data.pos.norm(dim=1)
-    assert float(radius.max()) == pytest.approx(1.0, abs=1e-6)
-    assert data.pos.mean(0).abs().max() < 1e-6
-    transform = MeshOperators(k=9, gradients=True, cache_dir=tmp_path,
-                              keep=('hks', 'evals', 'evecs', 'grad_x', 'frames'))
-    out = transform(data)
-    assert out.hks.shape == (42, 16) and out.evals.shape == (1, 9)
-    assert out.evecs.shape == (42, 9) and out.grad_x.is_sparse
-    assert out.frames.shape == (42, 3, 3)
-    assert len(list(tmp_path.rglob('*.pt'))) == 1
-    with pytest.raises(KeyError, match='Unknown operator'):
-        MeshOperators(k=9, keep=('nope',))(data)
+    L, mass, method = laplacian(pos, degenerate)
+    assert method == 'robust'
+    evals, evecs = eigendecomposition(L, mass, k=8)
+    assert np.isfinite(heat_kernel_signature(evals, evecs, 16)).all()

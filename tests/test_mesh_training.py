@@ -23,7 +23,10 @@ from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.nn.models import MetricMeshFormer
 from pyg_metric_attn.training import load_best_model
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
-from pyg_metric_attn.transforms import rescaled_heat_kernel_signatures
+from pyg_metric_attn.transforms import (
+    MeshPreprocessing,
+    rescaled_heat_kernel_signatures,
+)
 from pyg_metric_attn.utils.io import load_verified
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
@@ -38,7 +41,8 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 def synthetic_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('synthetic')
     for split, count in (('train', 4), ('test', 1)):
-        SyntheticHumans(str(root), split, count, num_workers=1, k=32, log=False)
+        SyntheticHumans(str(root), split, count, num_workers=1,
+                        pre_transform=MeshPreprocessing(32), log=False)
     return root
 
 
@@ -247,8 +251,8 @@ def test_human_seg_task_is_registered():
 
 
 def test_validation_by_source_holds_out_whole_sources(synthetic_root):
-    train = SyntheticHumans(str(synthetic_root), 'train', 4, num_workers=1, k=32,
-                            log=False)
+    train = SyntheticHumans(str(synthetic_root), 'train', 4, num_workers=1,
+                            pre_transform=MeshPreprocessing(32), log=False)
     names = [data.name for data in train]
     held_out = names[1]
     task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),

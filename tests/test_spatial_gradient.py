@@ -8,23 +8,22 @@ import torch
 import trimesh
 from torch_geometric.data import Batch
 
-from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
+from pyg_metric_attn.datasets import mesh_data
 from pyg_metric_attn.geometry import gradient_operators
 from pyg_metric_attn.nn import SpatialGradientFeatures, vertex_gradients
 from pyg_metric_attn.nn.models import MetricMeshFormer
+from pyg_metric_attn.transforms import MeshPreprocessing
 
-SETTINGS = dict(k=16, hks_count=4, gradients=True, laplacian_method='cotan')
+PREPROCESS = MeshPreprocessing(k=16, hks_count=4, spectral_basis=16,
+                               gradients=True, laplacian='cotan')
 
 
 def meshes_with_gradients():
     sphere = trimesh.creation.icosphere(2)
     box = trimesh.creation.box()
     box = box.subdivide().subdivide()  # 98 vertices, corners and flat sides
-    data_list = [mesh_data(np.asarray(m.vertices), np.asarray(m.faces), name)
-                 for name, m in (('sphere', sphere), ('box', box))]
-    compute_operators(data_list, SETTINGS, cache_dir=None, num_workers=1,
-                      progress=False, spectral_basis=16)
-    return data_list
+    return [PREPROCESS(mesh_data(np.asarray(m.vertices), np.asarray(m.faces), name))
+            for name, m in (('sphere', sphere), ('box', box))]
 
 
 def test_stored_gradients_equal_the_sparse_operators_per_mesh_in_a_batch():

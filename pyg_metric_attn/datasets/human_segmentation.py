@@ -88,7 +88,7 @@ class HumanSegmentation(MeshDataset):
 
     @property
     def processed_file_names(self) -> list[str]:
-        return [f'{self.variant}_{self.split}_{self.settings_tag}.pt']
+        return [f'{self.variant}_{self.split}.pt']
 
     def download(self) -> None:
         url = self.urls[self.variant]

@@ -1,10 +1,14 @@
 r"""Shared machinery of the mesh segmentation data sets: one
-:class:`~torch_geometric.data.Data` per mesh, DiffusionNet operators computed
-in parallel and cached by content, the processed file written atomically and
+:class:`~torch_geometric.data.Data` per mesh with its labels, the
+:class:`~pyg_metric_attn.transforms.MeshPreprocessing` of every mesh as the
+``pre_transform`` (in parallel), the processed file written atomically and
 verified on load."""
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
+import pickle
+import re
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -13,20 +17,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
 from torch_geometric.data import Data, InMemoryDataset
-from torch_geometric.utils import remove_self_loops, to_undirected
 from tqdm.auto import tqdm
 
-from pyg_metric_attn.geometry.cache import OperatorCache
 from pyg_metric_attn.geometry.mesh import (
     MeshError,
     check_mesh,
     face_areas,
     mesh_edges,
-    normalize_positions,
 )
-from pyg_metric_attn.geometry.operators import mesh_operators
+from pyg_metric_attn.transforms.mesh_preprocessing import MeshPreprocessing
 from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
 
 NUM_BODY_PARTS = 8
@@ -50,10 +50,12 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
               edge_labels: np.ndarray | None = None,
               edge_soft_labels: np.ndarray | None = None,
               vertex_labels: np.ndarray | None = None) -> Data:
-    r"""One mesh as a PyG :class:`~torch_geometric.data.Data`.
+    r"""One mesh as read, with its labels, as a PyG
+    :class:`~torch_geometric.data.Data` (for
+    :class:`~pyg_metric_attn.transforms.MeshPreprocessing`, which adds what the
+    models read).
 
-    Attributes: ``pos`` (centred, unit max radius), ``face`` ``[3, F]``,
-    ``edge_index`` (the undirected mesh edges, both directions),
+    Attributes: ``pos`` (as given, float64), ``face`` ``[3, F]``,
     ``edge_label_index`` ``[2, E]`` (each edge once, in MeshCNN's order, see
     :func:`~pyg_metric_attn.geometry.mesh_edges`), ``edge_label_weight``
     (MeshCNN's edge areas: a third of the adjacent faces' areas over the
@@ -68,16 +70,13 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
     face = np.asarray(face, dtype=np.int64)
     check_mesh(pos, face, name)
     edges, side_ids = mesh_edges(face)
-    data = Data(pos=torch.from_numpy(normalize_positions(pos)).float(),
-                face=torch.from_numpy(face.T.copy()), name=name,
-                num_nodes=len(pos))
+    data = Data(pos=torch.from_numpy(pos.copy()), face=torch.from_numpy(face.T.copy()),
+                name=name, num_nodes=len(pos))
     data.edge_label_index = torch.from_numpy(edges.T.copy())
     areas = face_areas(pos, face)
     data.edge_label_weight = torch.from_numpy(np.bincount(
         side_ids.reshape(-1), weights=np.repeat(areas, 3), minlength=len(edges))
         / (3 * areas.sum())).float()
-    edge_index, _ = remove_self_loops(data.edge_label_index)
-    data.edge_index = to_undirected(edge_index, num_nodes=len(pos))
 
     def check_count(labels, expected, what, dtype=np.int64):
         if len(labels) != expected:
@@ -103,67 +102,27 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
     return data
 
 
-def _operators(pos: np.ndarray, face: np.ndarray, name: str,
-               settings: dict[str, Any], cache_dir: str | None,
-               spectral_basis: int) -> dict[str, Any]:
-    with threadpool_limits(1):  # one BLAS thread per worker: no oversubscription
-        operators = mesh_operators(pos, face, name=name,
-                                   cache=OperatorCache(cache_dir), **settings)
-    kept = {key: operators[key] for key in ('hks', 'mass')}
-    if spectral_basis:
-        kept['evals'] = operators['evals'][None, :spectral_basis]  # [1, m]
-        kept['evecs'] = operators['evecs'][:, :spectral_basis]
-    if settings['gradients']:
-        kept['grad_index'], kept['grad_weight'] = _gradient_coefficients(
-            operators['grad_x'], operators['grad_y'])
-    return kept
-
-
-def _gradient_coefficients(grad_x: torch.Tensor, grad_y: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sparse ``[V, V]`` operators as one list of nonzeros: ``[2, nnz]``
-    indices (their union) and ``[nnz, 2]`` coefficients (x, y)."""
-    x, y = grad_x.values(), grad_y.values()
-    both = torch.sparse_coo_tensor(
-        torch.cat([grad_x.indices(), grad_y.indices()], dim=1),
-        torch.cat([torch.stack([x, torch.zeros_like(x)], dim=1),
-                   torch.stack([torch.zeros_like(y), y], dim=1)]),
-        (*grad_x.shape, 2), check_invariants=True).coalesce()
-    return both.indices(), both.values()
-
-
-def compute_operators(data_list: list[Data], settings: dict[str, Any],
-                      cache_dir: str | Path | None, num_workers: int = 2,
-                      progress: bool = True, spectral_basis: int = 0) -> None:
-    """Attach ``hks``, ``mass`` and ``x = hks`` to every mesh, and with
-    ``spectral_basis = m > 0`` the first ``m`` eigenpairs (``evals``
-    ``[1, m]``, ``evecs`` ``[V, m]``), with ``settings['gradients']`` the
-    tangent gradients (``grad_index``, ``grad_weight``), computing the
-    operators (or reading them from the cache) in ``num_workers``
-    processes."""
-    if not 0 <= spectral_basis <= settings['k']:
-        raise ValueError(f"'spectral_basis' must be in [0, k={settings['k']}], "
-                         f"got {spectral_basis}")
-    jobs = [(d.pos.double().numpy(), d.face.t().numpy(), d.name, settings,
-             None if cache_dir is None else str(cache_dir), spectral_basis)
-            for d in data_list]
-    bar = dict(total=len(jobs), desc='mesh operators', disable=not progress,
-               dynamic_ncols=True)
-    if num_workers > 1 and len(jobs) >= 4 * num_workers:  # else not worth spawning
-        with ProcessPoolExecutor(num_workers, mp_context=SPAWN) as pool:
-            results = list(tqdm(pool.map(_operators, *zip(*jobs, strict=True),
-                                         chunksize=4), **bar))
-    else:
-        results = [_operators(*job) for job in tqdm(jobs, **bar)]
-    for data, operators in zip(data_list, results, strict=True):
-        for key, value in operators.items():
-            data[key] = value
-        data.x = data.hks
-
-
 def _labels(data: Data) -> str:
     keys = [key for key in ('y', 'vertex_y', 'edge_label') if key in data]
     return ', '.join(keys) or 'none'
+
+
+#: The pre-transform of the mesh data sets unless one is given: HKS inputs
+#: from 128 eigenpairs, no eigenpairs or gradient operators kept.
+DEFAULT_PREPROCESSING = MeshPreprocessing()
+
+
+def preprocessing_tag(pre_transform: Callable | None) -> str:
+    """A name for what a ``pre_transform`` produces, for the processed folder:
+    its ``tag`` where it has one (:attr:`MeshPreprocessing.tag`), ``'raw'``
+    for :obj:`None`, else ``'custom_'`` and a hash of its ``repr``."""
+    if pre_transform is None:
+        return 'raw'
+    tag = getattr(pre_transform, 'tag', None)
+    if isinstance(tag, str):
+        return tag
+    digest = hashlib.sha256(repr(pre_transform).encode()).hexdigest()
+    return f'custom_{digest[:12]}'
 
 
 class MeshDataset(InMemoryDataset):
@@ -171,45 +130,38 @@ class MeshDataset(InMemoryDataset):
     arguments of :func:`mesh_data` for each mesh from :meth:`raw_meshes` and
     name their processed file.
 
-    Every mesh gets ``x = hks`` (heat kernel signatures of the normalised
-    mesh from ``k`` eigenpairs) and ``mass``, and with ``spectral_basis``
-    the eigenpairs for spectral heat diffusion, with ``gradients`` the
-    tangent gradient operators. Operators are cached per mesh
-    in ``PROCESSED/operators/`` keyed by content, so re-processing (another
-    split, a lost processed file) reads them back.
+    Every mesh goes through ``pre_transform``, by default
+    :class:`~pyg_metric_attn.transforms.MeshPreprocessing` (normalised
+    ``pos``, ``edge_index``, ``x = hks``, ``mass``, and the eigenpairs or
+    gradient operators its settings keep), in ``num_workers`` processes. The
+    processed files go to ``PROCESSED/TAG/``, ``TAG`` naming the
+    pre-transform's settings (:attr:`MeshPreprocessing.tag`), so data
+    processed with other settings or by an older version are never read.
+    Pass the same :class:`~pyg_metric_attn.transforms.MeshPreprocessing` to
+    a mesh read from a file to get the fields of the data set's items.
 
     Args:
         root (str): Root folder.
-        k (int): Laplacian eigenpairs for the HKS. (default: :obj:`128`)
-        hks_count (int): HKS scales. (default: :obj:`16`)
-        spectral_basis (int): Eigenpairs kept per mesh as ``evals``
-            ``[1, m]`` and ``evecs`` ``[V, m]`` (for
-            :class:`~pyg_metric_attn.nn.HeatDiffusion`); :obj:`0` keeps
-            none. (default: :obj:`0`)
-        gradients (bool): Keep each mesh's tangent gradient operators as
-            ``grad_index`` ``[2, nnz]`` and ``grad_weight`` ``[nnz, 2]``
-            (see :func:`~pyg_metric_attn.nn.vertex_gradients`).
-            (default: :obj:`False`)
-        laplacian (str): ``'auto'``, ``'cotan'`` or ``'robust'``.
-        num_workers (int): Processes computing operators. (default: :obj:`2`)
+        pre_transform (callable, optional): Applied to every mesh of
+            :func:`mesh_data` before saving; with ``num_workers > 1`` it must
+            be picklable. (default: :obj:`MeshPreprocessing()`)
+        num_workers (int): Processes preprocessing the meshes.
+            (default: :obj:`2`)
         processed_dir (str, optional): Where processed files go (default
             ``ROOT/processed``), e.g. to read raw files from a read-only copy.
-        transform, pre_transform, pre_filter, force_reload, log: as in
-            :class:`~torch_geometric.data.InMemoryDataset`.
+        transform, pre_filter, force_reload, log: as in
+            :class:`~torch_geometric.data.InMemoryDataset` (``pre_filter``
+            sees the meshes of :func:`mesh_data`, before the costly
+            pre-transform).
     """
-    def __init__(self, root: str, k: int = 128, hks_count: int = 16,
-                 spectral_basis: int = 0, gradients: bool = False,
-                 laplacian: str = 'auto', num_workers: int = 2,
-                 processed_dir: str | None = None,
+    def __init__(self, root: str,
+                 pre_transform: Callable | None = DEFAULT_PREPROCESSING,
+                 num_workers: int = 2, processed_dir: str | None = None,
                  transform: Callable | None = None,
-                 pre_transform: Callable | None = None,
                  pre_filter: Callable | None = None, force_reload: bool = False,
                  log: bool = True):
-        self.settings = dict(k=k, hks_count=hks_count, gradients=gradients,
-                             laplacian_method=laplacian)
-        self.spectral_basis = spectral_basis
         self.num_workers = num_workers
-        self._processed_dir = processed_dir
+        self._processed_root = processed_dir
         super().__init__(root, transform, pre_transform, pre_filter,
                          force_reload=force_reload, log=log)
         try:
@@ -220,26 +172,25 @@ class MeshDataset(InMemoryDataset):
             self._load_processed()
 
     @property
-    def processed_dir(self) -> str:
-        return self._processed_dir or str(Path(self.root) / 'processed')
+    def processed_root(self) -> Path:
+        """The folder of every setting's processed files: ``processed_dir``,
+        default ``ROOT/processed``."""
+        return Path(self._processed_root or Path(self.root) / 'processed')
 
     @property
-    def settings_tag(self) -> str:
-        s = self.settings
-        tag = f"k{s['k']}_hks{s['hks_count']}_{s['laplacian_method']}"
-        if self.spectral_basis:
-            tag += f'_basis{self.spectral_basis}'
-        return f'{tag}_grad' if s['gradients'] else tag
+    def processed_dir(self) -> str:
+        return str(self.processed_root / preprocessing_tag(self.pre_transform))
 
     def raw_meshes(self) -> Iterable[dict[str, Any]]:
         raise NotImplementedError
 
     def process(self) -> None:
+        self._warn_about_older_versions()
         records = self.raw_meshes()
         data_list = [mesh_data(**record) for record in tqdm(
             records, desc='reading meshes', disable=not self.log,
             dynamic_ncols=True)]
-        if self.pre_filter is not None:  # before the costly operators
+        if self.pre_filter is not None:  # before the costly pre-transform
             data_list = [d for d in data_list if self.pre_filter(d)]
         for data in data_list[1:]:  # one batch needs the same labels everywhere
             if set(data.keys()) != set(data_list[0].keys()):
@@ -247,14 +198,48 @@ class MeshDataset(InMemoryDataset):
                     f"The meshes '{data_list[0].name}' and '{data.name}' have "
                     f"different labels ({_labels(data_list[0])} vs "
                     f"{_labels(data)}): label all meshes alike or none")
-        compute_operators(data_list, self.settings,
-                          Path(self.processed_dir) / 'operators',
-                          self.num_workers, progress=self.log,
-                          spectral_basis=self.spectral_basis)
         if self.pre_transform is not None:
-            data_list = [self.pre_transform(d) for d in data_list]
+            data_list = self._pre_transformed(data_list)
         data, slices = self.collate(data_list)
         save_verified((data.to_dict(), slices), self.processed_paths[0])
+
+    def _pre_transformed(self, data_list: list[Data]) -> list[Data]:
+        bar = dict(total=len(data_list), desc='preprocessing meshes',
+                   disable=not self.log, dynamic_ncols=True)
+        if self.num_workers > 1 and len(data_list) >= 4 * self.num_workers:
+            try:  # (fewer meshes: not worth spawning)
+                pickle.dumps(self.pre_transform)
+            except Exception as error:
+                raise ValueError(
+                    f"The pre_transform {self.pre_transform!r} cannot be sent to "
+                    f"{self.num_workers} worker processes ({error}): pass a "
+                    f"picklable one or num_workers=1") from error
+            with ProcessPoolExecutor(self.num_workers, mp_context=SPAWN) as pool:
+                return list(tqdm(pool.map(self.pre_transform, data_list,
+                                          chunksize=4), **bar))
+        return [self.pre_transform(data) for data in tqdm(data_list, **bar)]
+
+    def _warn_about_older_versions(self) -> None:
+        """Name the processed files of older versions beside this one's:
+        files directly in the processed root (version 1: one folder for every
+        setting, operator cache in ``operators/``) and folders of other
+        :attr:`MeshPreprocessing.version`."""
+        root, current = self.processed_root, f'v{MeshPreprocessing.version}_'
+        if not root.is_dir():
+            return
+        older = sorted(path.name for path in root.iterdir()
+                       if path.suffix == '.pt' or (
+                           path.is_dir() and re.fullmatch(r'v\d+_.*', path.name)
+                           and not path.name.startswith(current)))
+        if any(name.endswith('.pt') for name in older) and (
+                root / 'operators').is_dir():
+            older.append('operators')
+        if older:
+            warnings.warn(
+                f"'{root}' holds processed files of an older version of "
+                f"pyg_metric_attn ({', '.join(older)}), which are not read any "
+                f"more: processing anew into '{self.processed_dir}'; delete "
+                f"them to free the space", stacklevel=2)
 
     def _load_processed(self) -> None:
         data, self.slices = load_verified(self.processed_paths[0])

@@ -43,10 +43,10 @@ class MeshFolder(MeshDataset):
 
     @property
     def processed_file_names(self) -> list[str]:
-        return [f'meshes_{self.label_kind}{self.first_label}_{self.settings_tag}.pt']
+        return [f'meshes_{self.label_kind}{self.first_label}.pt']
 
     def mesh_paths(self) -> list[Path]:
-        processed = Path(self.processed_dir).resolve()
+        processed = self.processed_root.resolve()
         return sorted(p for p in Path(self.root).rglob('*')
                       if p.suffix.lower() in MESH_EXTENSIONS
                       and processed not in p.resolve().parents)

@@ -189,8 +189,7 @@ class SyntheticHumans(MeshDataset):
 
     @property
     def processed_file_names(self) -> list[str]:
-        return [f'{self.split}_{self.num_meshes}_seed{self.seed}_'
-                f'{self.settings_tag}.pt']
+        return [f'{self.split}_{self.num_meshes}_seed{self.seed}.pt']
 
     def raw_meshes(self) -> Iterator[dict[str, Any]]:
         split_id = ('train', 'test').index(self.split)

@@ -1,8 +1,10 @@
-r"""DiffusionNet-style geometry of triangle meshes: normalisation, Laplacians,
-eigenpairs, heat kernel signatures, tangent gradients, and a content-keyed
-operator cache."""
+r"""DiffusionNet-style geometry of triangle meshes, one function per operator
+with explicit arguments: normalisation, Laplacians, eigenpairs, heat kernel
+signatures, tangent gradients, and a content-keyed operator cache
+(:class:`~pyg_metric_attn.transforms.MeshPreprocessing` composes them)."""
 from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
 from pyg_metric_attn.geometry.gradients import (
+    gradient_coefficients,
     gradient_operators,
     tangent_frames,
     vertex_normals,
@@ -25,7 +27,6 @@ from pyg_metric_attn.geometry.mesh import (
     renumber_mesh,
     vertex_to_face_averaging,
 )
-from pyg_metric_attn.geometry.operators import mesh_operators
 from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
@@ -35,10 +36,9 @@ from pyg_metric_attn.geometry.spectral import (
 __all__ = [
     'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
-    'gradient_operators', 'heat_kernel_signature', 'hks_times',
-    'is_edge_manifold', 'laplacian', 'mesh_edges', 'mesh_operators',
+    'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
+    'hks_times', 'is_edge_manifold', 'laplacian', 'mesh_edges',
     'normalize_positions', 'operator_cache_key', 'renumber_mesh',
-    'tangent_frames',
-    'tufted_laplacian', 'vertex_fan_counts', 'vertex_normals',
+    'tangent_frames', 'tufted_laplacian', 'vertex_fan_counts', 'vertex_normals',
     'vertex_to_face_averaging',
 ]

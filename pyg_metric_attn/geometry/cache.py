@@ -45,8 +45,8 @@ class OperatorCache:
         return self.folder / key[:2] / f'{key}.pt'
 
     def load(self, key: str) -> dict[str, Any] | None:
-        """The entry stored under ``key``, or :obj:`None` if there is none or
-        it is unusable (then a warning says why)."""
+        """The entry stored under ``key`` (without the key), or :obj:`None` if
+        there is none or it is unusable (then a warning says why)."""
         if self.folder is None or not self.path(key).exists():
             return None
         try:
@@ -60,7 +60,7 @@ class OperatorCache:
                           f"'{self.path(key)}': it was stored for another mesh "
                           f"or other settings", stacklevel=2)
             return None
-        return entry
+        return {name: value for name, value in entry.items() if name != 'key'}
 
     def save(self, key: str, entry: dict[str, Any]) -> None:
         if self.folder is not None:

@@ -5,7 +5,10 @@ a vertex function :math:`f` at :math:`i`, in the frame's :math:`(x_i, y_i)`
 coordinates, is the least-squares fit :math:`g_i = \arg\min_g \sum_{j \in
 \mathcal N(i)} (d_{ij}^\top g - (f_j - f_i))^2`, where :math:`d_{ij}` is the
 edge :math:`p_j - p_i` projected onto the tangent plane. It is linear in
-:math:`f`, so it is stored as two sparse ``[V, V]`` matrices.
+:math:`f`, so it is stored as two sparse ``[V, V]`` matrices
+(:func:`gradient_operators`), or as one list of their nonzeros with an
+:math:`(x, y)` pair of coefficients each (:func:`gradient_coefficients`, the
+form :class:`~pyg_metric_attn.nn.TangentGradient` reads).
 """
 from __future__ import annotations
 
@@ -66,3 +69,21 @@ def gradient_operators(pos: np.ndarray, face: np.ndarray,
         diagonal = sp.diags(np.asarray(off_diagonal.sum(axis=1)).ravel())
         operators.append((off_diagonal - diagonal).tocsr())
     return operators[0], operators[1]
+
+
+def gradient_coefficients(grad_x: sp.spmatrix, grad_y: sp.spmatrix
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """The two ``[V, V]`` operators of :func:`gradient_operators` as one list
+    of nonzeros: ``index`` ``[2, nnz]`` (rows, columns: the union of both
+    sparsity patterns, sorted by row, then column) and ``weight`` ``[nnz, 2]``
+    (the ``grad_x`` and ``grad_y`` coefficients, zero where one operator has
+    no entry)."""
+    x, y = grad_x.tocoo(), grad_y.tocoo()
+    num_columns = grad_x.shape[1]
+    flat = np.concatenate([x.row.astype(np.int64) * num_columns + x.col,
+                           y.row.astype(np.int64) * num_columns + y.col])
+    nonzeros, slot = np.unique(flat, return_inverse=True)
+    weight = np.zeros((len(nonzeros), 2))
+    np.add.at(weight[:, 0], slot[:x.nnz], x.data)
+    np.add.at(weight[:, 1], slot[x.nnz:], y.data)
+    return np.stack([nonzeros // num_columns, nonzeros % num_columns]), weight

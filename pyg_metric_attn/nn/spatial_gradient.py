@@ -15,7 +15,8 @@ class TangentGradient(NamedTuple):
 
     :math:`G^{(x)}, G^{(y)}` are stored as one list of nonzeros: ``index``
     ``[2, nnz]`` (rows, columns) and ``weight`` ``[nnz, 2]`` (the :math:`x`
-    and :math:`y` coefficients), as the mesh data sets keep them with
+    and :math:`y` coefficients), as
+    :class:`~pyg_metric_attn.transforms.MeshPreprocessing` stores them with
     ``gradients=True`` (``grad_index``, ``grad_weight``; batched meshes:
     block diagonal).
     """

@@ -1,11 +1,11 @@
-"""PyG transforms of this library."""
+"""PyG transforms of this library: the preprocessing of meshes for the mesh
+models, and augmentations."""
 from pyg_metric_attn.transforms.mesh import (
-    MeshOperators,
-    NormalizeMesh,
     RandomRotation,
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
+from pyg_metric_attn.transforms.mesh_preprocessing import MeshPreprocessing
 
-__all__ = ['MeshOperators', 'NormalizeMesh', 'RandomRotation', 'random_rotation',
+__all__ = ['MeshPreprocessing', 'RandomRotation', 'random_rotation',
            'rescaled_heat_kernel_signatures']

@@ -1,73 +1,13 @@
-"""PyG transforms for triangle meshes (``data.pos`` ``[V, 3]``, ``data.face``
-``[3, F]``)."""
+"""Augmentations of meshes: random rotations of the positions, heat kernel
+signatures at stretched times."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 from torch_geometric.utils import to_dense_batch
 
-from pyg_metric_attn.geometry.cache import OperatorCache
-from pyg_metric_attn.geometry.mesh import normalize_positions
-from pyg_metric_attn.geometry.operators import mesh_operators
 from pyg_metric_attn.geometry.spectral import hks_times
-
-
-class NormalizeMesh(BaseTransform):
-    r"""Centres ``data.pos`` on the vertex mean and scales it to unit maximum
-    radius (see :func:`~pyg_metric_attn.geometry.normalize_positions`)."""
-    def forward(self, data: Data) -> Data:
-        pos = normalize_positions(data.pos.double().numpy())
-        data.pos = torch.from_numpy(pos).to(data.pos.dtype)
-        return data
-
-
-class MeshOperators(BaseTransform):
-    r"""Adds DiffusionNet's per-mesh operators (see
-    :func:`~pyg_metric_attn.geometry.mesh_operators`) as attributes: those named
-    in ``keep`` among ``'hks'`` ``[V, hks_count]``, ``'mass'`` ``[V]``,
-    ``'evals'`` ``[1, k]``, ``'evecs'`` ``[V, k]``, ``'frames'``, and the
-    sparse ``'laplacian'``, ``'grad_x'``, ``'grad_y'``.
-
-    Args:
-        k (int): Number of eigenpairs. (default: :obj:`128`)
-        hks_count (int): Number of heat kernel signature scales.
-            (default: :obj:`16`)
-        gradients (bool): Also compute tangent frames and gradient operators.
-        laplacian (str): ``'auto'``, ``'cotan'`` or ``'robust'``.
-        cache_dir (str or Path, optional): Content-keyed operator cache.
-        keep (tuple of str): Which operators to attach.
-            (default: :obj:`('hks', 'mass')`)
-    """
-    def __init__(self, k: int = 128, hks_count: int = 16, gradients: bool = False,
-                 laplacian: str = 'auto', cache_dir: str | Path | None = None,
-                 keep: tuple[str, ...] = ('hks', 'mass')):
-        self.k = k
-        self.hks_count = hks_count
-        self.gradients = gradients
-        self.laplacian = laplacian
-        self.cache = OperatorCache(cache_dir)
-        self.keep = tuple(keep)
-
-    def forward(self, data: Data) -> Data:
-        operators = mesh_operators(
-            data.pos.double().numpy(), data.face.t().numpy(), self.k,
-            self.hks_count, self.gradients, self.laplacian,
-            name=str(getattr(data, 'name', 'mesh')), cache=self.cache)
-        for key in self.keep:
-            if key not in operators:
-                raise KeyError(f"Unknown operator '{key}'; computed: "
-                               f"{sorted(operators)}")
-            value = operators[key]
-            data[key] = value.unsqueeze(0) if key == 'evals' else value
-        return data
-
-    def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}(k={self.k}, '
-                f'hks_count={self.hks_count}, gradients={self.gradients}, '
-                f'laplacian={self.laplacian!r}, keep={self.keep})')
 
 
 class RandomRotation(BaseTransform):

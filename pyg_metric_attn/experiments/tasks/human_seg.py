@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch_geometric.loader import DataLoader
 
 from pyg_metric_attn.datasets import BODY_PARTS, HumanSegmentation, SyntheticHumans
-from pyg_metric_attn.datasets.mesh_dataset import compute_operators, mesh_data
+from pyg_metric_attn.datasets.mesh_dataset import mesh_data
 from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models import ATTENTIONS, IPN, MetricMeshFormer
@@ -59,6 +59,7 @@ from pyg_metric_attn.training.distributed import (
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
 from pyg_metric_attn.transforms import (
+    MeshPreprocessing,
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
@@ -120,6 +121,11 @@ class HumanSegTask(Task):
                            or options['val_source'] else 'test')
         self.final_metric = f'{self.eval_split}_face_acc'
         self.curve_metrics = ('train_loss', self.final_metric)
+        #: Every mesh's preprocessing: the data sets' pre_transform and
+        #: prepare_mesh's. No operator cache: the processed files hold them.
+        self.preprocessing = MeshPreprocessing(
+            options['k'], options['hks_count'], self.spectral_basis,
+            self.gradients)
         self._data = None
 
     @classmethod
@@ -143,9 +149,7 @@ class HumanSegTask(Task):
         """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
         if self._data is None:
             o = self.options
-            common = dict(k=o['k'], hks_count=o['hks_count'],
-                          spectral_basis=self.spectral_basis,
-                          gradients=self.gradients,
+            common = dict(pre_transform=self.preprocessing,
                           num_workers=o['num_workers'], log=self.progress)
             if o['root']:
                 train = HumanSegmentation(o['root'], 'train',
@@ -344,16 +348,9 @@ class HumanSegTask(Task):
             return face_logits(self.forward(model, mesh), mesh.face).argmax(-1)
 
     def prepare_mesh(self, pos, face, name: str):
-        """A raw mesh processed as the training meshes were (normalised,
-        edges, operators)."""
-        mesh = mesh_data(pos, face, name)
-        compute_operators([mesh], dict(k=self.options['k'],
-                                       hks_count=self.options['hks_count'],
-                                       gradients=self.gradients,
-                                       laplacian_method='auto'),
-                          cache_dir=None, num_workers=1, progress=False,
-                          spectral_basis=self.spectral_basis)
-        return mesh
+        """A mesh as read from its file, processed as the training meshes
+        were (:attr:`preprocessing`)."""
+        return self.preprocessing(mesh_data(pos, face, name))
 
     def save_example(self, model: torch.nn.Module, out_dir: Path,
                      index: int = 0) -> None:

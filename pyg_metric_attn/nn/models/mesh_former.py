@@ -80,14 +80,16 @@ class MetricMeshFormerBlock(torch.nn.Module):
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
-                                 "spectrum (evecs, evals, mass): load them "
-                                 "with 'spectral_basis' > 0")
+                                 "spectrum (evecs, evals, mass): preprocess "
+                                 "them with MeshPreprocessing(spectral_basis="
+                                 "m > 0)")
             diffused = self.diffusion.diffuse(self.norm_diffusion(h), spectrum)
             if self.gradient_features is not None:
                 if gradient is None:
                     raise ValueError("A block with gradients needs the meshes' "
-                                     "'grad_index' and 'grad_weight': load "
-                                     "them with 'gradients=True'")
+                                     "'grad_index' and 'grad_weight': "
+                                     "preprocess them with MeshPreprocessing("
+                                     "gradients=True)")
                 diffused = torch.cat([diffused, self.gradient_features(
                     gradient.apply(diffused))], dim=-1)
             h = h + self.dropout(self.lin_diffusion(diffused))
