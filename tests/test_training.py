@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from pyg_metric_attn.training import (
     Trainer,
     WarmupCosine,
+    epoch_generator,
+    eval_mode,
     load_best_model,
     seed_everything,
     warmup_cosine,
@@ -153,3 +155,28 @@ def test_atomic_writes_keep_the_umask(tmp_path):
         os.umask(umask)
     for name in ('a.txt', 'b.pt', 'c.txt'):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_eval_mode_restores_the_mode_also_after_an_error(training):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    model.train(training)
+    with eval_mode(model) as inside:
+        assert inside is model and not model.training and not model[1].training
+        assert not torch.is_grad_enabled()
+    assert model.training == training and model[1].training == training
+    with pytest.raises(RuntimeError, match='boom'), eval_mode(model):
+        raise RuntimeError('boom')
+    assert model.training == training and torch.is_grad_enabled()
+
+
+def test_epoch_generator_is_one_stream_per_seed_and_epoch():
+    def draw(seed, epoch):
+        return torch.randperm(50, generator=epoch_generator(seed, epoch))
+    assert torch.equal(draw(3, 7), draw(3, 7))
+    assert not torch.equal(draw(3, 7), draw(3, 8))
+    assert not torch.equal(draw(3, 7), draw(4, 7))
+    # The streams of the runs in RESULTS.md: seed * 1_000_003 + epoch.
+    expected = torch.randperm(50, generator=torch.Generator().manual_seed(
+        2 * 1_000_003 + 5))
+    assert torch.equal(draw(2, 5), expected)

@@ -7,9 +7,12 @@ from pyg_metric_attn.training.distributed import (
     strided_share,
     unwrap,
 )
+from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.training.schedules import WarmupCosine, warmup_cosine
+from pyg_metric_attn.training.seeds import epoch_generator
 from pyg_metric_attn.training.trainer import Trainer, load_best_model, seed_everything
 
 __all__ = ['CollectiveError', 'DistributedContext', 'Trainer', 'WarmupCosine',
-           'load_best_model', 'process_group', 'seed_everything',
-           'shard_indices', 'strided_share', 'unwrap', 'warmup_cosine']
+           'epoch_generator', 'eval_mode', 'load_best_model', 'process_group',
+           'seed_everything', 'shard_indices', 'strided_share', 'unwrap',
+           'warmup_cosine']

@@ -18,6 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from pyg_metric_attn.training.distributed import DistributedContext
+from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.utils.io import (
     atomic_write_json,
     atomic_write_text,
@@ -135,8 +136,7 @@ class Trainer:
         for epoch in bar:
             row = self._train_epoch(batches(epoch), epoch)
             if self.evaluate is not None:
-                self.model.eval()
-                with torch.no_grad():
+                with eval_mode(self.model):
                     row.update(self.evaluate(self.model))
             row = self.distributed.broadcast_object(row)  # rank 0's
             self.history.append(row)
