@@ -10,7 +10,11 @@ from conftest import random_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
-from torch_geometric.utils import to_torch_csc_tensor, to_torch_csr_tensor
+from torch_geometric.utils import (
+    erdos_renyi_graph,
+    to_torch_csc_tensor,
+    to_torch_csr_tensor,
+)
 
 from pyg_metric_attn import MetricAttentionConv
 
@@ -361,6 +365,28 @@ def test_time_scale_sharpens_attention():
         _, (_, alpha) = conv(x, edge_index, return_attention_weights=True)
         entropies.append(float(-(alpha * alpha.clamp_min(1e-30).log()).sum()))
     assert entropies[0] > entropies[1] > entropies[2]
+
+
+def test_paper_time_scale_saturates_at_width_and_2d_does_not():
+    """The trends nn/time_scale.py documents: with t = 1 the self-loop takes
+    nearly all attention from D = 8 on, 'matched' softens it, t = 2D keeps
+    it soft at every width (uniform weights: 1/11)."""
+    torch.manual_seed(0)
+    edge_index = erdos_renyi_graph(500, 10 / 500)
+
+    def self_loop_weight(dim, time_scale):
+        torch.manual_seed(0)
+        conv = MetricAttentionConv(dim, dim, time_scale=time_scale)
+        _, (edges, alpha) = conv(torch.randn(500, dim), edge_index,
+                                 return_attention_weights=True)
+        return float(alpha[edges[0] == edges[1]].mean())
+
+    assert self_loop_weight(4, 1.0) > 0.6
+    assert self_loop_weight(8, 1.0) > 0.95
+    assert self_loop_weight(16, 1.0) > 0.99
+    assert self_loop_weight(8, 'matched') < 0.7
+    for dim in (4, 16, 64):
+        assert self_loop_weight(dim, 2.0 * dim) < 0.35
 
 
 def test_repr_and_reset_parameters():

@@ -24,7 +24,7 @@ from pyg_metric_attn.nn.sparse_attention import (
     gathered_logits,
     sparse_metric_attention,
 )
-from pyg_metric_attn.nn.time_scale import TimeScale
+from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.nn.triton_attention import HAVE_TRITON, triton_metric_attention
 from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
@@ -92,9 +92,15 @@ class MetricAttentionConv(MessagePassing):
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
             :math:`\phi` for ``'metric'``. (default: :obj:`heads *
             metric_channels`)
-        time_scale (float, optional): The time scale :math:`t` of the heat
-            kernel :math:`\exp(-d/t)`. The paper uses :math:`t = 1`.
-            (default: :obj:`1.0`)
+        time_scale (float or str, optional): The time scale :math:`t` of the
+            heat kernel :math:`\exp(-d/t)`, or ``'matched'``: :math:`t =
+            2\sqrt{D}` (:math:`1` for ``'dot'``), the logit scale of
+            scaled dot-product attention
+            (:func:`~pyg_metric_attn.nn.time_scale.matched_time_scale`).
+            The default is the paper's :math:`t = 1`, which saturates beyond
+            a few dimensions per head: from :math:`D \approx 8` on, each
+            node attends almost only to its self-loop at initialisation (see
+            :mod:`~pyg_metric_attn.nn.time_scale`). (default: :obj:`1.0`)
         learn_time_scale (bool, optional): Learn :math:`t` (kept positive by a
             log parametrisation, initialised at ``time_scale``).
             (default: :obj:`False`)
@@ -156,7 +162,7 @@ class MetricAttentionConv(MessagePassing):
         metric: str = 'metric',
         metric_channels: int | None = None,
         mlp_channels: int | None = None,
-        time_scale: float = 1.0,
+        time_scale: float | str = 1.0,
         learn_time_scale: bool = False,
         value: bool = True,
         dropout: float = 0.0,
@@ -196,7 +202,8 @@ class MetricAttentionConv(MessagePassing):
         self.metric = check_metric(metric)
         self.metric_channels = metric_channels or out_channels
         self.mlp_channels = mlp_channels or heads * self.metric_channels
-        self.time = TimeScale(time_scale, learn_time_scale)
+        self.time = TimeScale(resolve_time_scale(
+            time_scale, self.metric, self.metric_channels), learn_time_scale)
         self.value = value
         self.dropout = dropout
         self.add_self_loops = add_self_loops

@@ -9,7 +9,7 @@ from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP, check_metric
-from pyg_metric_attn.nn.time_scale import TimeScale
+from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.point_sets import check_batch
 
 
@@ -45,14 +45,18 @@ class MetricMultiheadAttention(torch.nn.Module):
             (default: :obj:`True`)
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
             :math:`\phi`. (default: ``embed_dim``)
-        time_scale (float, optional): The time scale :math:`t`.
+        time_scale (float or str, optional): The time scale :math:`t`, or
+            ``'matched'``: :math:`t = 2\sqrt{D}` (:math:`1` for ``'dot'``),
+            the logit scale of scaled dot-product attention. The default is
+            the paper's :math:`t = 1`, which saturates from :math:`D \approx
+            8` on (see :mod:`~pyg_metric_attn.nn.time_scale`).
             (default: :obj:`1.0`)
         learn_time_scale (bool, optional): Learn :math:`t` (log-parametrised).
     """
     def __init__(self, embed_dim: int, num_heads: int, metric: str = 'metric',
                  dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = True,
-                 mlp_channels: int | None = None, time_scale: float = 1.0,
+                 mlp_channels: int | None = None, time_scale: float | str = 1.0,
                  learn_time_scale: bool = False):
         super().__init__()
         if embed_dim < 1 or num_heads < 1:
@@ -70,7 +74,8 @@ class MetricMultiheadAttention(torch.nn.Module):
         self.vdim = vdim or embed_dim
         self.batch_first = batch_first
         self.mlp_channels = mlp_channels or embed_dim
-        self.time = TimeScale(time_scale, learn_time_scale)
+        self.time = TimeScale(resolve_time_scale(
+            time_scale, self.metric, self.head_dim), learn_time_scale)
 
         if self.metric == 'dot':
             self.query_map = Linear(embed_dim, embed_dim, bias=bias)
