@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -489,36 +490,37 @@ def multi30k_speed(case: dict[str, Any], device: torch.device,
     steps on the batches of :func:`multi30k_batches`; tokens per second
     (source + target tokens that are not padding)."""
     stood_in = stand_in_for_mesh_packages()
-    from pyg_metric_attn.experiments.tasks.multi30k import COMMON, PRESETS
+    from pyg_metric_attn.experiments.tasks.multi30k import preset_config
     from pyg_metric_attn.nn.models import MetricTransformer
 
-    o = {**COMMON, **PRESETS[case['preset']], **case.get('overrides', {})}
+    o = dataclasses.replace(preset_config(case['preset'])[0],
+                            **case.get('overrides', {}))
     data_key = json.dumps([case.get('root'), case['steps'], case['warmup'],
-                           o['vocab_size'], o['max_tokens']])
+                           o.vocab_size, o.max_tokens])
     if data_key not in _BATCHES:
         _BATCHES[data_key] = multi30k_batches(
-            case | dict(vocab_size=o['vocab_size'], max_tokens=o['max_tokens']))
+            case | dict(vocab_size=o.vocab_size, max_tokens=o.max_tokens))
     batches, info = _BATCHES[data_key]
     torch.manual_seed(0)
     model = MetricTransformer(
-        info['vocab_size'], info['vocab_size'], d_model=o['d_model'],
-        num_heads=o['num_heads'], num_encoder_layers=o['num_layers'],
-        num_decoder_layers=o['num_layers'],
-        dim_feedforward=o['dim_feedforward'], dropout=o['dropout'],
-        attention=case['variant'], norm_first=o['norm_first'],
-        share_embeddings=o['share_embeddings'], pad_index=info['pad_index'],
-        time_scale=o['time_scale']).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
-                                 betas=(0.9, 0.98), eps=o['adam_eps'],
-                                 weight_decay=o['weight_decay'])
-    pad = info['pad_index']
+        info.vocab_size, info.vocab_size, d_model=o.d_model,
+        num_heads=o.num_heads, num_encoder_layers=o.num_layers,
+        num_decoder_layers=o.num_layers,
+        dim_feedforward=o.dim_feedforward, dropout=o.dropout,
+        attention=case['variant'], norm_first=o.norm_first,
+        share_embeddings=o.share_embeddings, pad_index=info.pad_index,
+        time_scale=o.time_scale).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=o.lr,
+                                 betas=(0.9, 0.98), eps=o.adam_eps,
+                                 weight_decay=o.weight_decay)
+    pad = info.pad_index
 
     def train_step(batch) -> None:
         src, tgt = (t.to(device, non_blocking=True) for t in batch)
-        loss = model.loss(src, tgt, label_smoothing=o['label_smoothing'])
+        loss = model.loss(src, tgt, label_smoothing=o.label_smoothing)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o['grad_clip'])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         optimizer.step()
 
     for batch in batches[:case['warmup']]:

@@ -6,9 +6,7 @@ are printed as one line; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,28 +17,14 @@ if TYPE_CHECKING:
     from pyg_metric_attn.experiments.task import Task
 
 
-def _option(text: str) -> tuple[str, Any]:
-    """Parse ``KEY=VALUE``; VALUE as a Python literal when it is one."""
-    key, sep, value = text.partition('=')
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
-
-
 def _task_option(task_cls: type[Task]) -> Callable[[str], tuple[str, Any]]:
-    """:func:`_option`, checked against the task's options and their
-    defaults' kinds (where the task declares them) while parsing."""
+    """An argparse type: ``KEY=VALUE`` checked against the task's config
+    (the option exists, its value has the type and range) while parsing."""
     def parse(text: str) -> tuple[str, Any]:
-        key, value = _option(text)
-        if task_cls.defaults is not None:
-            try:
-                task_cls.with_defaults(task_cls.defaults, {key: value})
-            except ValueError as error:
-                raise argparse.ArgumentTypeError(str(error)) from error
-        return key, value
+        try:
+            return task_cls.parse_option(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
     return parse
 
 
@@ -60,18 +44,16 @@ def _experiment(args: argparse.Namespace) -> int:
     from pyg_metric_attn.experiments import TASKS, run_experiment
     from pyg_metric_attn.experiments.report import summary_table
 
-    task_cls = TASKS[args.name]
-    flags = {dest: getattr(args, dest) for dest in args.task_flags
-             if getattr(args, dest) is not None}
+    task_cls = TASKS[args.task]
     task = task_cls(epochs=args.epochs, progress=not args.no_progress,
-                    **dict(args.option), **flags)
+                    **dict(args.option), **_task_flags(args))
     attentions = (args.attention.split(',') if args.attention
                   else list(task_cls.default_attentions))
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    out = Path(args.out or Path('runs') / args.name)
+    out = Path(args.out or Path('runs') / args.task)
     summary = run_experiment(task, attentions, seeds, out,
                              progress=not args.no_progress)
-    print(f'\n{args.name}: {len(seeds)} seeds, results in {out}/\n')
+    print(f'\n{args.task}: {len(seeds)} seeds, results in {out}/\n')
     print(summary_table(task, summary))
     failed = sum(len(s['failed_seeds']) for s in summary.values())
     if failed:  # each error was printed when its run failed
@@ -80,25 +62,18 @@ def _experiment(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _segmentation_task(options: dict[str, Any], epochs: int | None = None,
-                       progress: bool = True):
-    from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
-    return HumanSegTask(epochs=epochs, progress=progress, **options)
-
-
-def _mesh_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Task options from ``-o`` and the data flags of train/evaluate/predict."""
-    options = dict(args.option)
-    for flag in ('root', 'processed_dir', 'features'):
-        if getattr(args, flag, None) is not None:
-            options[flag] = getattr(args, flag)
-    return options
+def _task_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The task's own flags (``--root``, ...) that were given."""
+    return {dest: getattr(args, dest) for dest in args.task_flags
+            if getattr(args, dest) is not None}
 
 
 def _load_run(args: argparse.Namespace):
-    """``(task, model, config)`` of a run folder written by ``train``."""
+    """``(task, model)`` of a run folder written by ``train``, the model
+    holding its best checkpoint."""
     import json
 
+    from pyg_metric_attn.experiments import TASKS
     from pyg_metric_attn.training import load_best_model
 
     run = Path(args.run)
@@ -107,28 +82,36 @@ def _load_run(args: argparse.Namespace):
                                 f"config.json); give the --out folder of a "
                                 f"train command")
     config = json.loads((run / 'config.json').read_text())
-    task = _segmentation_task({**config['options'], **_mesh_options(args)},
-                              config['epochs'], progress=False)
+    trained_by = config.get('task', 'human_seg')  # folders of before 'task'
+    if trained_by != args.task:
+        raise ValueError(f"'{run}' is a run of the {trained_by} task: "
+                         f"'pyg-metric-attn {args.command} {trained_by} "
+                         f"{run} ...'")
+    options = {**config['options'], **dict(args.option), **_task_flags(args)}
+    task = TASKS[args.task](epochs=config['epochs'], progress=False, **options)
     model = task.build_model(config['attention'])
     state = load_best_model(model, run)
     print(f"{run}: {config['attention']} (seed {config['seed']}), checkpoint of "
           f"epoch {state.get('epoch') or len(state.get('history', []))}")
-    return task, model, config
+    return task, model
 
 
 def _train(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
+    from pyg_metric_attn.experiments import TASKS
     from pyg_metric_attn.training import process_group
     from pyg_metric_attn.utils.io import atomic_write_json, locked_folder
 
-    options = _mesh_options(args)
-    task = _segmentation_task(options, args.epochs, not args.no_progress)
-    out = Path(args.out or Path('runs') / 'train' / f'{args.attention}-seed{args.seed}')
-    config = {'attention': args.attention, 'seed': args.seed, 'epochs': task.epochs,
-              'options': {k: v for k, v in options.items() if k != 'artifacts'}}
+    options = {**dict(args.option), **_task_flags(args)}
+    task = TASKS[args.task](epochs=args.epochs, progress=not args.no_progress,
+                            **options)
+    attention = args.attention or task.default_attentions[0]
+    out = Path(args.out or Path('runs') / 'train' / f'{attention}-seed{args.seed}')
+    config = {'task': args.task, 'attention': attention, 'seed': args.seed,
+              'epochs': task.epochs, 'options': options}
     # Under torchrun: one of several processes (gloo: the task runs on CPUs);
-    # rank 0 prepares the meshes first and alone writes into `out`.
+    # rank 0 prepares the data first and alone writes into `out`.
     with process_group(backend='gloo') as ctx:
         def write_config() -> None:
             if ctx.is_main:
@@ -137,103 +120,48 @@ def _train(args: argparse.Namespace) -> int:
         # A second train into the same folder is refused.
         with locked_folder(out) if ctx.is_main else nullcontext():
             with ctx.main_first():
-                task.datasets()
-            model, trainer = task.fit(args.attention, args.seed, out,
+                task.prepare_data()
+            model, trainer = task.fit(attention, args.seed, out,
                                       resume=args.resume,
                                       before_training=write_config,
                                       distributed=ctx)
-            if ctx.is_main:
-                task.save_example(model, out)
+            written = task.save_example(model, out) if ctx.is_main else []
     if not ctx.is_main:
         return 0
     row = trainer.history[-1]
     print('\n'.join(f'{key}: {value:.4f}' for key, value in row.items()))
-    print(f'checkpoints, metrics and segmentation.png in {out}/')
+    shown = ''.join(f', {path.name}' for path in written)
+    print(f'checkpoints, metrics{shown} in {out}/')
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from pyg_metric_attn.datasets import BODY_PARTS
     from pyg_metric_attn.utils.io import atomic_write_json
 
-    task, model, _ = _load_run(args)
-    train, test = task.datasets()
-    meter = task.evaluate(model, train if args.split == 'train' else test)
-    result = {**meter.compute(), **meter.details()}
-    width = max(len(name) for name in BODY_PARTS)
-    lines = [f'{key}: {100 * result[key]:.2f}%' for key in
-             ('face_acc', 'edge_acc', 'soft_edge_acc') if key in result]
-    lines += [f'  {name:<{width}} {100 * acc:6.2f}%'
-              for name, acc in zip(BODY_PARTS, result['class_acc'], strict=True)]
-    lines.append('confusion (rows: true, columns: predicted):')
-    lines += ['  ' + ' '.join(f'{count:6d}' for count in row)
-              for row in result['confusion']]
-    print('\n'.join(lines))
+    task, model = _load_run(args)
+    result, report = task.evaluate_split(model, args.split)
+    print(report)
     atomic_write_json(Path(args.run) / f'evaluation-{args.split}.json', result)
     return 0
 
 
-def _output_names(paths: Sequence[Path]) -> list[str]:
-    """Distinct output names of mesh files: the file's stem, with its
-    extension where stems repeat (``a.obj``, ``a.stl`` -> ``a-obj``,
-    ``a-stl``), then numbered where names still repeat."""
-    stems = Counter(path.stem for path in paths)
-    names: list[str] = []
-    for path in paths:
-        name = (path.stem if stems[path.stem] == 1
-                else f'{path.stem}-{path.suffix[1:].lower()}')
-        candidate, number = name, 1
-        while candidate in names:
-            number += 1
-            candidate = f'{name}-{number}'
-        names.append(candidate)
-    return names
-
-
 def _predict(args: argparse.Namespace) -> int:
-    from pyg_metric_attn.datasets import BODY_PARTS
-    from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
-    from pyg_metric_attn.geometry import MeshError
-    from pyg_metric_attn.utils.io import atomic_write_text
-    from pyg_metric_attn.visualization import label_colors, render_segmentations
-
-    task, model, _ = _load_run(args)
+    task, model = _load_run(args)
     out = Path(args.out or Path(args.run) / 'predictions')
-    paths = [Path(mesh) for mesh in args.meshes]
+    paths = [Path(path) for path in args.inputs]
     failed = 0
-    for path, name in zip(paths, _output_names(paths), strict=True):
-        try:
-            pos, face = read_mesh(path)
-            mesh = task.prepare_mesh(pos, face, path.name)
-        except MeshError as error:  # report it and go on with the others
-            if args.debug:
-                raise
-            print(f'error: {error}', file=sys.stderr)
-            failed += 1
+    for path, outcome in task.predict_files(model, paths, out):
+        if not isinstance(outcome, Exception):
+            print(f'{path} -> {outcome}')
             continue
-        labels = task.predict(model, mesh).numpy()
-        write_segmented_ply(out / f'{name}.ply', pos, face, label_colors(labels))
-        atomic_write_text(out / f'{name}.txt',
-                          ''.join(f'{label}\n' for label in labels))
-        render_segmentations(out / f'{name}.png', mesh.pos.numpy(), face,
-                             [labels], [f'{path.name}: prediction'], BODY_PARTS)
-        print(f'{path} -> {out}/{name}.{{ply,png,txt}}')
+        if args.debug:
+            raise outcome
+        print(f'error: {outcome}', file=sys.stderr)  # and on with the others
+        failed += 1
     if failed:
-        print(f'error: {failed} of {len(paths)} meshes could not be segmented',
+        print(f'error: {failed} of {len(paths)} inputs could not be read',
               file=sys.stderr)
     return 1 if failed else 0
-
-
-def _add_mesh_flags(parser: argparse.ArgumentParser) -> None:
-    from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
-
-    parser.add_argument('--root', help='MeshCNN human_seg folder (default: '
-                        'synthetic humanoids)')
-    parser.add_argument('--processed-dir', help='where processed files go')
-    parser.add_argument('--option', '-o', type=_task_option(HumanSegTask),
-                        action='append',
-                        default=[], metavar='KEY=VALUE',
-                        help='human_seg task option, e.g. -o lr=1e-3')
 
 
 def _add_global_flags(parser: argparse.ArgumentParser,
@@ -248,24 +176,82 @@ def _add_global_flags(parser: argparse.ArgumentParser,
                         help='show the traceback of an error')
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose command may name its task first, or leave
+    it out for the default task (``train ...`` is ``train human_seg ...``):
+    where :attr:`task_names` is set, arguments that do not start with one
+    get :attr:`default_task` in front; a task that does not support the
+    command is an error."""
+    task_names: tuple[str, ...] = ()
+    other_tasks: tuple[str, ...] = ()
+    default_task: str = 'human_seg'
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.task_names:
+            args = list(sys.argv[1:] if args is None else args)
+            if args and args[0] in self.other_tasks:
+                self.error(f"the {args[0]} task does not support this command "
+                           f"(tasks that do: {', '.join(self.task_names)})")
+            if not args or args[0] not in (*self.task_names, '-h', '--help'):
+                args.insert(0, self.default_task)
+        return super().parse_known_args(args, namespace)
+
+
+#: What each command does, and its help for one task.
+COMMAND_HELP = {
+    'experiment': 'train every (attention, seed) pair of a task, then write '
+                  'JSON logs, curves, a violin plot and a summary table',
+    'train': 'train one model with checkpoints, metrics (and, where the task '
+             'makes them, renderings) in --out',
+    'evaluate': 'the metrics of a trained run on a data split',
+    'predict': 'a trained run\'s predictions for input files (meshes: a .ply '
+               'with per-face colours, a PNG rendering, the labels per face)',
+}
+
+
+def _add_task_parsers(command: argparse.ArgumentParser, name: str,
+                      global_flags: argparse.ArgumentParser
+                      ) -> list[tuple[type[Task], argparse.ArgumentParser]]:
+    """One sub-parser per task that supports the command ``name``, each
+    with the ``-o`` options and own flags of its task."""
     from pyg_metric_attn.experiments import TASKS
 
-    parser = argparse.ArgumentParser(prog='pyg-metric-attn', description=__doc__)
+    names = [task for task in sorted(TASKS) if TASKS[task].supports(name)]
+    tasks = command.add_subparsers(dest='task', required=True, metavar='TASK',
+                                   parser_class=argparse.ArgumentParser)
+    parsers = []
+    for task in names:
+        task_cls = TASKS[task]
+        summary = (task_cls.__doc__ or task).strip().splitlines()[0]
+        sub = tasks.add_parser(task, parents=[global_flags], help=summary,
+                               prog=f'{command.prog} {task}')
+        sub.add_argument('--option', '-o', type=_task_option(task_cls),
+                         action='append', default=[], metavar='KEY=VALUE',
+                         help=f'{task} option (a field of '
+                         f'{task_cls.config_class.__name__}), e.g. -o lr=1e-3')
+        group = sub.add_argument_group(f'{task} options')
+        task_cls.add_arguments(group, name)
+        sub.set_defaults(task_flags=[action.dest
+                                     for action in group._group_actions])
+        parsers.append((task_cls, sub))
+    if name != 'experiment':
+        command.task_names = tuple(names)
+        command.other_tasks = tuple(sorted(set(TASKS) - set(names)))
+        command.description = (f'{COMMAND_HELP[name]}. TASK: '
+                                f"{', '.join(names)} (default: human_seg).")
+    return parsers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog='pyg-metric-attn', description=__doc__)
     _add_global_flags(parser, suppress=False)
     global_flags = argparse.ArgumentParser(add_help=False)
     _add_global_flags(global_flags)
     commands = parser.add_subparsers(dest='command', required=True)
 
-    exp = commands.add_parser(
-        'experiment', parents=[global_flags],
-        help='train every (attention, seed) pair of a task, then '
-        'write JSON logs, curves, a violin plot and a summary table')
-    tasks = exp.add_subparsers(dest='name', required=True, metavar='NAME')
-    for name in sorted(TASKS):
-        task_cls = TASKS[name]
-        summary = (task_cls.__doc__ or name).strip().splitlines()[0]
-        sub = tasks.add_parser(name, parents=[global_flags], help=summary)
+    exp = commands.add_parser('experiment', parents=[global_flags],
+                              help=COMMAND_HELP['experiment'])
+    for task_cls, sub in _add_task_parsers(exp, 'experiment', global_flags):
         sub.add_argument('--attention', help='comma-separated attention types '
                          f"(default: {','.join(task_cls.default_attentions)})")
         sub.add_argument('--seeds', type=_positive_int, default=10,
@@ -273,54 +259,47 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument('--first-seed', type=int, default=0)
         sub.add_argument('--epochs', type=_positive_int, default=None,
                          help='epochs per run (default: the task\'s)')
-        sub.add_argument('--out', help=f'output folder (default: runs/{name})')
-        sub.add_argument('--option', '-o', type=_task_option(task_cls),
-                         action='append',
-                         default=[], metavar='KEY=VALUE',
-                         help='task option, e.g. -o lr=1e-3')
+        sub.add_argument('--out', help=f'output folder (default: '
+                         f'runs/{task_cls.name})')
         sub.add_argument('--no-progress', action='store_true')
-        group = sub.add_argument_group(f'{name} options')
-        task_cls.add_arguments(group)
-        sub.set_defaults(func=_experiment,
-                         task_flags=[action.dest for action in group._group_actions])
+        sub.set_defaults(func=_experiment)
 
-    train = commands.add_parser(
-        'train', parents=[global_flags],
-        help='train one mesh segmentation model (human_seg task) with '
-        'checkpoints, metrics and a rendering in --out')
-    train.add_argument('--attention', default='metric', help='metric, l2, dot, '
-                       'gat, gatv2, transformer (IPN) or metricformer')
-    train.add_argument('--seed', type=int, default=0)
-    train.add_argument('--epochs', type=_positive_int, default=None,
-                       help='epochs (default: 100)')
-    train.add_argument('--out', help='run folder (default: '
-                       'runs/train/ATTENTION-seedSEED)')
-    train.add_argument('--resume', action='store_true',
-                       help='continue from the run folder\'s last checkpoint')
-    train.add_argument('--features', choices=('hks', 'xyz'))
-    train.add_argument('--no-progress', action='store_true')
-    _add_mesh_flags(train)
-    train.set_defaults(func=_train)
+    train = commands.add_parser('train', parents=[global_flags],
+                                usage='%(prog)s [TASK] ...',
+                                help=COMMAND_HELP['train'])
+    for task_cls, sub in _add_task_parsers(train, 'train', global_flags):
+        sub.add_argument('--attention', help='the attention type or model '
+                         f'(default: {task_cls.default_attentions[0]})')
+        sub.add_argument('--seed', type=int, default=0)
+        sub.add_argument('--epochs', type=_positive_int, default=None,
+                         help=f'epochs (default: {task_cls.default_epochs})')
+        sub.add_argument('--out', help='run folder (default: '
+                         'runs/train/ATTENTION-seedSEED)')
+        sub.add_argument('--resume', action='store_true',
+                         help='continue from the run folder\'s last checkpoint')
+        sub.add_argument('--no-progress', action='store_true')
+        sub.set_defaults(func=_train)
 
-    evaluate = commands.add_parser(
-        'evaluate', parents=[global_flags],
-        help='face, edge and soft edge accuracy, per-class accuracy '
-        'and confusion matrix of a trained run')
-    evaluate.add_argument('run', help='run folder written by train')
-    evaluate.add_argument('--split', choices=('test', 'train'), default='test')
-    _add_mesh_flags(evaluate)
-    evaluate.set_defaults(func=_evaluate)
+    evaluate = commands.add_parser('evaluate', parents=[global_flags],
+                                   usage='%(prog)s [TASK] RUN ...',
+                                   help=COMMAND_HELP['evaluate'])
+    for task_cls, sub in _add_task_parsers(evaluate, 'evaluate', global_flags):
+        sub.add_argument('run', help='run folder written by train')
+        sub.add_argument('--split', choices=task_cls.splits,
+                         default=task_cls.splits[0])
+        sub.set_defaults(func=_evaluate)
 
-    predict = commands.add_parser(
-        'predict', parents=[global_flags],
-        help='segment mesh files: a .ply with per-face colours, a '
-        'PNG rendering and the labels per face')
-    predict.add_argument('run', help='run folder written by train')
-    predict.add_argument('meshes', nargs='+', help='.obj, .off, .ply or .stl '
-                         'files (outputs are named by file stem)')
-    predict.add_argument('--out', help='output folder (default: RUN/predictions)')
-    _add_mesh_flags(predict)
-    predict.set_defaults(func=_predict)
+    predict = commands.add_parser('predict', parents=[global_flags],
+                                  usage='%(prog)s [TASK] RUN INPUT ...',
+                                  help=COMMAND_HELP['predict'])
+    for _, sub in _add_task_parsers(predict, 'predict', global_flags):
+        sub.add_argument('run', help='run folder written by train')
+        sub.add_argument('inputs', nargs='+', metavar='INPUT',
+                         help='input files (meshes: .obj, .off, .ply or .stl; '
+                         'outputs are named by file stem)')
+        sub.add_argument('--out', help='output folder (default: '
+                         'RUN/predictions)')
+        sub.set_defaults(func=_predict)
     return parser
 
 

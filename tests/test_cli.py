@@ -8,6 +8,7 @@ import pytest
 
 import pyg_metric_attn.datasets.human_segmentation as human_segmentation
 from pyg_metric_attn.cli import build_parser, main
+from pyg_metric_attn.experiments.tasks import HumanSegTask
 
 
 @pytest.mark.parametrize('argv', [
@@ -41,6 +42,59 @@ def test_bad_numbers_and_options_are_refused_at_parse_time(argv, message, capsys
         build_parser().parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['experiment', 'moon', '-o', 'lr=-1'],
+     'moon option lr=-1 must be above 0 (default: 0.001)'),
+    (['train', '-o', 'label_smoothing=1.5'],
+     'human_seg option label_smoothing=1.5 must be in [0, 1)'),
+    (['train', '-o', 'hks_time_jitter=0.5'], 'must be at least 1'),
+    (['train', '-o', 'features=obj'],
+     "human_seg option features='obj' must be 'hks' or 'xyz'"),
+    (['train', '-o', 'time_scale=abc'],
+     "time_scale='abc' must be a number or 'matched' or a dict "
+     "{a string: a number}, above 0"),
+    (['train', '-o', 'former_num_layers=2.5'],
+     'human_seg option former_num_layers=2.5 must be an integer (default: 4)'),
+    (['train', 'moon', '-o', 'set_size=0'], 'moon option set_size=0 must be at '
+     'least 1'),
+    (['experiment', 'multi30k', '-o', 'lr=abc'],
+     "multi30k option lr='abc' must be a number, above 0"),
+    (['experiment', 'multi30k', '-o', 'schedule=linear'],
+     "multi30k option schedule='linear' must be 'cosine' or 'plateau'"),
+    (['experiment', 'cora', '-o', 'dropout=1'], 'cora option dropout=1 must be '
+     'in [0, 1)')])
+def test_options_are_checked_against_the_task_config(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_options_that_depend_on_each_other_are_checked_when_the_task_is_built(
+        capsys):
+    assert main(['train', '-o', 'former_heads=3', '--epochs', '1']) == 1
+    assert ("human_seg option former_heads: 'hidden_channels' (64) must be "
+            "divisible by 'heads' (3)") in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not both"):
+        HumanSegTask(val_fraction=0.2, val_source='adobe')
+
+
+def test_text_options_keep_text_that_reads_as_a_number():
+    args = build_parser().parse_args(['train', '-o', 'synthetic_root=2024',
+                                      '-o', 'time_scale=matched'])
+    assert dict(args.option) == {'synthetic_root': '2024',
+                                 'time_scale': 'matched'}
+
+
+def test_commands_name_their_task_or_default_to_human_seg():
+    parser = build_parser()
+    assert parser.parse_args(['train']).task == 'human_seg'
+    assert parser.parse_args(['train', 'moon', '-o', 'hidden=6']).task == 'moon'
+    assert parser.parse_args(['evaluate', 'RUN']).task == 'human_seg'
+    args = parser.parse_args(['evaluate', 'moon', 'RUN', '--split', 'val'])
+    assert (args.task, args.run, args.split) == ('moon', 'RUN', 'val')
 
 
 def test_options_of_the_defaults_type_pass():

@@ -10,8 +10,9 @@ from conftest import shared_dataset
 
 from pyg_metric_attn.cli import main
 from pyg_metric_attn.experiments import run_experiment
+from pyg_metric_attn.experiments.attention import attention_conv, attention_factory
 from pyg_metric_attn.experiments.tasks import CoraTask, MnistTask, MoonTask
-from pyg_metric_attn.experiments.tasks.moon import moon_data
+from pyg_metric_attn.experiments.tasks.moon import MoonConfig, moon_data
 from pyg_metric_attn.experiments.tasks.planetoid import GATNet
 from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 from pyg_metric_attn.utils.point_sets import shuffled_sets
@@ -78,6 +79,63 @@ def test_cli_experiment_prints_the_table(tmp_path, capsys):
     assert '| metric | 1 |' in printed and '| dot | 1 |' in printed
     record = json.loads((tmp_path / 'runs' / 'metric-seed0.json').read_text())
     assert record['task_config']['hidden'] == 6
+
+
+def test_train_evaluate_and_resume_another_task_than_human_seg(tmp_path, capsys):
+    run = tmp_path / 'run'
+    train = ['train', 'moon', '--attention', 'l2', '--out', str(run),
+             '--no-progress', '-o', 'hidden=6', '-o', 'validation=50']
+    assert main([*train, '--epochs', '2']) == 0
+    assert main([*train, '--epochs', '3', '--resume']) == 0
+    config = json.loads((run / 'config.json').read_text())
+    assert (config['task'], config['attention']) == ('moon', 'l2')
+    rows = json.loads((run / 'metrics.json').read_text())
+    assert [row['epoch'] for row in rows] == [1, 2, 3]
+    capsys.readouterr()
+    for split in ('test', 'val'):
+        assert main(['evaluate', 'moon', str(run), '--split', split]) == 0
+        result = json.loads((run / f'evaluation-{split}.json').read_text())
+        assert result[f'{split}_acc'] == pytest.approx(rows[-1][f'{split}_acc'])
+    assert f"val_acc: {rows[-1]['val_acc']:.4f}" in capsys.readouterr().out
+    # The run names its task; another one is refused with the right command.
+    assert main(['evaluate', str(run)]) == 1
+    assert (f"'{run}' is a run of the moon task: 'pyg-metric-attn evaluate moon "
+            f"{run} ...'") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(['predict', 'moon', str(run), 'points.txt'])
+    assert 'the moon task does not support this command (tasks that do: ' \
+        'human_seg)' in capsys.readouterr().err
+
+
+def test_a_task_takes_a_typed_config_and_records_its_flat_options():
+    task = MoonTask(MoonConfig(hidden=6, lr=0.01), epochs=2, heads=2)
+    assert task.config == MoonConfig(hidden=6, lr=0.01, heads=2)
+    assert task.recorded_config() == {
+        'epochs': 2, 'hidden': 6, 'mlp_channels': 10, 'num_layers': 1,
+        'heads': 2, 'time_scale': 1.0, 'learn_time_scale': False, 'lr': 0.01,
+        'weight_decay': 1e-4, 'set_size': 100, 'validation': 0, 'noise': 0.2,
+        'num_train': 400, 'num_test': 100, 'data_seed': 0}
+    with pytest.raises(ValueError, match=r'MoonConfig option lr=0 must be above 0'):
+        MoonConfig(lr=0)
+    mnist = MnistTask(root='elsewhere', num_train=10)
+    assert mnist.config.hidden == 100 and mnist.config.set_size == 100
+    assert 'root' not in mnist.recorded_config()  # where data are is no setting
+    with pytest.raises(ValueError, match='mnist option num_train=0 must be at '
+                       'least 1'):
+        MnistTask(num_train=0)
+
+
+def test_attention_layers_refuse_options_they_do_not_take():
+    assert attention_conv('gat', 4, 6, heads=2).heads == 2
+    conv = attention_conv('l2', 4, 6, time_scale=3.0)
+    assert conv.metric == 'l2' and conv.time_scale == 3.0
+    for attention in ('gat', 'gatv2', 'transformer'):
+        with pytest.raises(ValueError, match=r"takes no options \['time_scale'\]"):
+            attention_conv(attention, 4, 6, time_scale=3.0)
+    with pytest.raises(ValueError, match=r"takes no options \['metric'\]"):
+        attention_factory('dot', metric='l2')
+    with pytest.raises(ValueError, match=r"takes no options \['tau'\]"):
+        attention_factory('metric', tau=1.0)
 
 
 def test_unknown_task_option():

@@ -1,13 +1,23 @@
 """The paper's IPN on graphs and point sets, and the all-pairs helper."""
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import random_graph
+from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 
 from pyg_metric_attn import IPN, MetricAttentionConv
-from pyg_metric_attn.nn.models import ATTENTIONS
 from pyg_metric_attn.utils.point_sets import fully_connected_edge_index, shuffled_sets
+
+#: Propagation layers of two heads that keep the width: the paper's
+#: metric-attention (H' = S H) with each metric, and PyG's attention layers.
+LAYERS = {**{metric: partial(MetricAttentionConv, metric=metric, heads=2,
+                             concat=False, value=False)
+             for metric in ('metric', 'l2', 'dot')},
+          **{cls.__name__: partial(cls, heads=2, concat=False)
+             for cls in (GATConv, GATv2Conv, TransformerConv)}}
 
 
 def test_fully_connected_edge_index_matches_brute_force():
@@ -48,14 +58,14 @@ def test_point_set_mode_needs_int_in_channels():
         conv.forward_point_sets(torch.randn(3, 6))
 
 
-@pytest.mark.parametrize('attention', ATTENTIONS)
-def test_ipn_on_graphs_and_point_sets(attention):
+@pytest.mark.parametrize('layer', LAYERS)
+def test_ipn_on_graphs_and_point_sets(layer):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(20, 5, generator=g)
     edge_index = random_graph(20, 20, 0.2, g)
     batch = torch.tensor([0] * 8 + [1] * 12)
     torch.manual_seed(0)
-    model = IPN(5, 12, 3, num_layers=2, attention=attention, heads=2)
+    model = IPN(5, 12, 3, num_layers=2, conv=LAYERS[layer])
     on_graph = model(x, edge_index)
     on_sets = model(x, batch=batch)
     assert on_graph.shape == on_sets.shape == (20, 3)
@@ -64,19 +74,39 @@ def test_ipn_on_graphs_and_point_sets(attention):
     # Point sets equal the same model on the explicit all-pairs graph:
     assert torch.allclose(on_sets, model(x, fully_connected_edge_index(20, batch)),
                           atol=1e-5)
-    assert f"attention='{attention}'" in repr(model)
+    assert f'conv={type(model.convs[0]).__name__}(' in repr(model)
 
 
 def test_ipn_is_linear_propagate_linear():
-    model = IPN(4, 8, 2, num_layers=3, attention='metric', mlp_channels=5)
+    model = IPN(4, 8, 2, num_layers=3,
+                conv=partial(MetricAttentionConv, value=False, mlp_channels=5))
     assert [type(m).__name__ for m in model.children()] == \
         ['Linear', 'ModuleList', 'Linear']
     assert all(isinstance(c, MetricAttentionConv) and c.lin_value is None
                and c.mlp_channels == 5 for c in model.convs)
+    # By default the paper's propagation H' = S H.
+    paper = IPN(4, 8, 2, num_layers=2)
+    assert all(isinstance(c, MetricAttentionConv) and c.lin_value is None
+               and c.metric == 'metric' and c.mlp_channels == 8
+               for c in paper.convs)
+
+
+def test_ipn_takes_a_layer_module():
+    conv = GATConv(8, 8, heads=2, concat=False)
+    model = IPN(4, 8, 2, num_layers=3, conv=conv)
+    assert model.convs[0] is conv
+    assert all(isinstance(c, GATConv) and c.heads == 2 for c in model.convs)
+    # The copies are layers of their own, freshly initialised.
+    weights = [c.lin.weight for c in model.convs]
+    assert len({w.data_ptr() for w in weights}) == 3
+    assert not torch.equal(weights[0], weights[1])
+    assert model(torch.randn(6, 4), torch.tensor([[0, 1], [1, 2]])).shape == (6, 2)
 
 
 def test_ipn_errors():
-    with pytest.raises(ValueError, match='Unknown attention'):
-        IPN(4, 8, 2, attention='cosine')
     with pytest.raises(ValueError, match='num_layers'):
         IPN(4, 8, 2, num_layers=0)
+    with pytest.raises(TypeError, match="'conv' must be a module or a callable"):
+        IPN(4, 8, 2, conv='gat')
+    with pytest.raises(ValueError, match="has no 'reset_parameters'"):
+        IPN(4, 8, 2, num_layers=2, conv=torch.nn.Identity())

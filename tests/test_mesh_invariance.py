@@ -12,9 +12,9 @@ from conftest import shared_dataset
 
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
+from pyg_metric_attn.experiments.attention import ATTENTIONS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.geometry import renumber_mesh
-from pyg_metric_attn.nn.models import ATTENTIONS
 from pyg_metric_attn.training.segmentation import face_logits
 from pyg_metric_attn.utils.point_sets import farthest_point_sampling
 
@@ -27,7 +27,7 @@ MODELS = [pytest.param('metricformer', {}, id='former'),
                        id='former-all-pairs'),
           pytest.param('metricformer', dict(former_global_stride=3),
                        id='former-stride3'),
-          pytest.param('metricformer', dict(former_global=False),
+          pytest.param('metricformer', dict(former_global_attention=False),
                        id='former-local'),
           pytest.param('metricformer', dict(former_gradients=False),
                        id='former-no-gradients'),

@@ -20,7 +20,7 @@ from pyg_metric_attn.cli import main
 from pyg_metric_attn.datasets import BODY_PARTS, SyntheticHumans
 from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
-from pyg_metric_attn.nn.models import MetricMeshFormer
+from pyg_metric_attn.nn.models import MetricMeshFormer, MetricMeshFormerConfig
 from pyg_metric_attn.training import load_best_model
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.transforms import (
@@ -90,7 +90,8 @@ def test_segmentation_meter_by_hand():
 
 def test_global_attention_attends_to_the_marked_vertices():
     torch.manual_seed(0)
-    model = MetricMeshFormer(5, 16, 3, num_layers=1, heads=2, global_stride=3)
+    model = MetricMeshFormer(5, 3, hidden_channels=16, num_layers=1, heads=2,
+                             global_stride=3)
     block = model.blocks[0]
     sizes = [7, 11]
     h = torch.randn(sum(sizes), 16)
@@ -113,6 +114,27 @@ def test_global_attention_attends_to_the_marked_vertices():
               batch)
 
 
+def test_former_config_holds_the_architecture_and_no_data_set_defaults():
+    config = MetricMeshFormerConfig(hidden_channels=16, heads=2, num_layers=1)
+    model = MetricMeshFormer(5, 3, config, global_stride=2)
+    assert model.config == MetricMeshFormerConfig(
+        hidden_channels=16, heads=2, num_layers=1, global_stride=2)
+    assert len(model.blocks) == 1 and model.lin_out.out_channels == 3
+    with pytest.raises(TypeError, match='out_channels'):
+        MetricMeshFormer(16)  # the classes are the data set's to say
+    with pytest.raises(TypeError, match="'config' must be a MetricMeshFormerConfig"):
+        MetricMeshFormer(5, 16, 3)
+    with pytest.raises(TypeError, match=r"unknown arguments \['hidden'\]"):
+        MetricMeshFormer(5, 3, hidden=16)
+    with pytest.raises(ValueError, match=r"'hidden_channels' \(128\) must be "
+                       r"divisible by 'heads' \(3\)"):
+        MetricMeshFormerConfig(heads=3)
+    with pytest.raises(ValueError, match=r"'dropout' must be in \[0, 1\)"):
+        MetricMeshFormerConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="'num_layers' must be a positive"):
+        MetricMeshFormerConfig(num_layers=0)
+
+
 @pytest.mark.parametrize('attention,diffusion,gradients', [
     ('metric', False, False), ('gat', False, False),
     ('metricformer', False, False), ('metricformer', True, False),
@@ -120,8 +142,9 @@ def test_global_attention_attends_to_the_marked_vertices():
 def test_short_training_run_loss_falls(synthetic_root, attention, diffusion,
                                        gradients):
     task = HumanSegTask(epochs=6, progress=False, synthetic_root=str(synthetic_root),
-                        former_hidden=32, former_layers=2, former_heads=2,
-                        former_dropout=0.0, former_diffusion=diffusion,
+                        former_hidden_channels=32, former_num_layers=2,
+                        former_heads=2, former_dropout=0.0,
+                        former_diffusion=diffusion,
                         former_gradients=gradients, lr=1e-2, **SMALL)
     mesh = task.datasets()[0][0]
     if diffusion:
@@ -307,8 +330,9 @@ def test_invalid_resume_changes_nothing_in_the_run_folder(synthetic_root, tmp_pa
                                                           capsys):
     run = tmp_path / 'run'
     train = ['train', '--attention', 'metricformer', '--out', str(run),
-             '--no-progress', *cli_options(synthetic_root), '-o', 'former_hidden=16',
-             '-o', 'former_layers=1', '-o', 'former_heads=2']
+             '--no-progress', *cli_options(synthetic_root), '-o',
+             'former_hidden_channels=16', '-o', 'former_num_layers=1',
+             '-o', 'former_heads=2']
     assert main([*train, '--epochs', '2']) == 0
     before = folder_contents(run)
     capsys.readouterr()
@@ -316,7 +340,8 @@ def test_invalid_resume_changes_nothing_in_the_run_folder(synthetic_root, tmp_pa
     assert main([*train, '--epochs', '3', '--resume']) == 1
     assert 'cosine learning-rate schedule ends at epoch 2' in capsys.readouterr().err
     # Another model than the checkpoint's.
-    assert main([*train, '--epochs', '2', '--resume', '-o', 'former_hidden=8']) == 1
+    assert main([*train, '--epochs', '2', '--resume', '-o',
+                 'former_hidden_channels=8']) == 1
     assert 'does not fit the model' in capsys.readouterr().err
     assert folder_contents(run) == before
     assert main(['evaluate', str(run)]) == 0
@@ -338,7 +363,7 @@ def test_train_in_two_processes_under_torchrun(synthetic_root, tmp_path):
     two validation meshes; the metrics rank 0 logs are those of all meshes
     (one process evaluating the checkpoint gets the same)."""
     run = tmp_path / 'run'
-    former = ['-o', 'former_hidden=16', '-o', 'former_layers=1',
+    former = ['-o', 'former_hidden_channels=16', '-o', 'former_num_layers=1',
               '-o', 'former_heads=2']
     repo = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=os.pathsep.join(
@@ -351,14 +376,14 @@ def test_train_in_two_processes_under_torchrun(synthetic_root, tmp_path):
          '-o', 'val_fraction=0.5'],
         env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count('checkpoints, metrics and segmentation.png') == 1
+    assert result.stdout.count('checkpoints, metrics, segmentation.png') == 1
     rows = json.loads((run / 'metrics.json').read_text())
     assert [row['epoch'] for row in rows] == [1, 2]
     assert len(load_verified(run / 'last.pt')['rng_per_rank']) == 2
 
     task = HumanSegTask(val_fraction=0.5, synthetic_root=str(synthetic_root),
-                        former_hidden=16, former_layers=1, former_heads=2,
-                        **SMALL)
+                        former_hidden_channels=16, former_num_layers=1,
+                        former_heads=2, **SMALL)
     model = task.build_model('metricformer')
     load_best_model(model, run)
     evaluation = task.datasets()[1]

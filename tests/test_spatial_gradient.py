@@ -10,8 +10,9 @@ from torch_geometric.data import Batch
 
 from pyg_metric_attn.datasets import mesh_data
 from pyg_metric_attn.geometry import gradient_operators
-from pyg_metric_attn.nn import SpatialGradientFeatures, vertex_gradients
+from pyg_metric_attn.nn import SpatialGradientFeatures
 from pyg_metric_attn.nn.models import MetricMeshFormer
+from pyg_metric_attn.nn.spatial_gradient import vertex_gradients
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 PREPROCESS = MeshPreprocessing(k=16, hks_count=4, spectral_basis=16,
@@ -77,15 +78,15 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="'gradients' must have shape"):
         SpatialGradientFeatures(3)(torch.randn(4, 3, 2))
     with pytest.raises(ValueError, match="needs 'diffusion=True'"):
-        MetricMeshFormer(4, 8, 3, heads=2, gradients=True)
+        MetricMeshFormer(4, 3, hidden_channels=8, heads=2, gradients=True)
 
 
 def test_former_with_gradient_features_uses_them():
     data_list = meshes_with_gradients()
     batch = Batch.from_data_list(data_list)
     torch.manual_seed(0)
-    model = MetricMeshFormer(4, 16, 3, num_layers=2, heads=2, diffusion=True,
-                             gradients=True)
+    model = MetricMeshFormer(4, 3, hidden_channels=16, num_layers=2, heads=2,
+                             diffusion=True, gradients=True)
     inputs = dict(evecs=batch.evecs, evals=batch.evals, mass=batch.mass)
     out = model(batch.hks, batch.edge_index, batch.batch, **inputs,
                 grad_index=batch.grad_index, grad_weight=batch.grad_weight)

@@ -11,13 +11,14 @@ import torch
 from conftest import shared_dataset
 
 from pyg_metric_attn.datasets import Multi30k, SubwordTokenizer, pad_sequences
-from pyg_metric_attn.nn.models import (
-    MetricTransformer,
-    beam_search,
-    greedy_decode,
-    matched_time_scale,
+from pyg_metric_attn.nn import (
+    MetricAttentionConv,
+    MetricMeshFormer,
+    MetricMultiheadAttention,
 )
+from pyg_metric_attn.nn.models import MetricTransformer, beam_search, greedy_decode
 from pyg_metric_attn.nn.models.decoding import length_penalty
+from pyg_metric_attn.nn.time_scale import matched_time_scale
 
 METRICS = ['metric', 'l2', 'dot']
 
@@ -94,6 +95,35 @@ def test_matched_time_scale_and_bad_arguments():
         MetricTransformer(10, 10, 16, 2, time_scale='auto')
     with pytest.raises(ValueError, match='Unknown metric'):
         MetricTransformer(10, 10, 16, 2, attention='cosine')
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_every_attention_module_takes_the_matched_time_scale(metric):
+    matched = 1.0 if metric == 'dot' else 2 * math.sqrt(4)  # D = 4 per head
+    conv = MetricAttentionConv(6, 4, heads=3, metric=metric,
+                               time_scale='matched')
+    assert conv.time_scale == matched
+    # The conv's D is its metric dimension per head.
+    wide = MetricAttentionConv(6, 4, metric=metric, metric_channels=9,
+                               time_scale='matched')
+    assert wide.time_scale == (1.0 if metric == 'dot' else 6.0)
+    mha = MetricMultiheadAttention(12, 3, metric=metric, time_scale='matched')
+    assert mha.time_scale == matched
+    former = MetricMeshFormer(5, 2, hidden_channels=8, heads=2, metric=metric,
+                              time_scale='matched', learn_time_scale=False)
+    assert former.blocks[0].local.time_scale == matched
+    assert former.blocks[0].global_attention.time_scale == matched
+    model = MetricTransformer(10, 10, 8, 2, 1, 1, 16, attention=metric,
+                              time_scale='matched')
+    assert model.encoder_layers[0].self_attn.time_scale == matched
+    for make in (lambda t: MetricAttentionConv(6, 4, time_scale=t),
+                 lambda t: MetricMultiheadAttention(8, 2, time_scale=t),
+                 lambda t: MetricMeshFormer(5, 2, hidden_channels=8, heads=2,
+                                            time_scale=t)):
+        with pytest.raises(ValueError, match="positive number or 'matched'"):
+            make('auto')
+        with pytest.raises(ValueError, match="'time_scale' must be a positive"):
+            make(-1.0)
 
 
 @pytest.mark.parametrize('attention', METRICS)

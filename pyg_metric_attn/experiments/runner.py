@@ -47,7 +47,7 @@ def run_experiment(task: Task, attentions: Sequence[str], seeds: Sequence[int],
     """
     out_dir = Path(out_dir)
     task.work_dir = out_dir
-    config = json.loads(json.dumps(task.config()))  # as it reads back from JSON
+    config = json.loads(json.dumps(task.recorded_config()))  # as read back
     records = []
     grid = [(attention, seed) for attention in attentions for seed in seeds]
     bar = tqdm(grid, desc=task.name, disable=not progress, dynamic_ncols=True)

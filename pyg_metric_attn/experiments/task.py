@@ -1,20 +1,48 @@
-"""What the experiment runner needs to know about a task."""
+"""What the experiment runner and the command line need to know about a task."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pyg_metric_attn.experiments.config import (
+    TaskConfig,
+    build_config,
+    flat_options,
+    parse_option,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from pyg_metric_attn.training import DistributedContext, Trainer
+
+#: The commands a task may support beyond ``experiment``, and the method
+#: that does so (:meth:`Task.supports`).
+COMMANDS = {'train': 'fit', 'evaluate': 'evaluate_split',
+            'predict': 'predict_files'}
 
 
 class Task(ABC):
     """One experiment: trains one model for an ``(attention, seed)`` pair.
 
+    A task's settings are its :attr:`config`, an instance of
+    :attr:`config_class` (a :class:`~pyg_metric_attn.experiments.config.TaskConfig`
+    dataclass): pass one, or its fields by name (``lr=1e-3``; a nested
+    config's fields as ``former_heads=8``), or both (the names replace the
+    config's fields).
+
     Subclasses set the class attributes and implement :meth:`run`, which
-    returns ``{'history': [per-epoch rows], 'final': {metric: value},
-    'config': {...}}``. History rows hold at least ``epoch``, ``train_loss``
-    and ``epoch_seconds`` (see :class:`~pyg_metric_attn.training.Trainer`).
+    returns ``{'history': [per-epoch rows], 'final': {metric: value}, ...}``.
+    History rows hold at least ``epoch``, ``train_loss`` and
+    ``epoch_seconds`` (see :class:`~pyg_metric_attn.training.Trainer`).
+    Tasks that implement :meth:`fit` (and :meth:`build_model`),
+    :meth:`evaluate_split` or :meth:`predict_files` also run under the
+    ``train``, ``evaluate`` and ``predict`` commands.
     """
     name: ClassVar[str]
+    config_class: ClassVar[type[TaskConfig]]
     #: Attention types run when the command line names none.
     default_attentions: ClassVar[tuple[str, ...]] = ('metric', 'l2', 'dot', 'gat')
     #: The final metric the summary table and violin plot report.
@@ -28,62 +56,91 @@ class Task(ABC):
     work_dir: Path | None = None
     #: Epochs per run when none are given.
     default_epochs: ClassVar[int | None] = None
-    #: The task's options and their defaults; when set, other options are
-    #: refused and the defaults fill in the ones not given.
-    defaults: ClassVar[dict[str, Any] | None] = None
+    #: The data splits :meth:`evaluate_split` scores, the first by default.
+    splits: ClassVar[tuple[str, ...]] = ('test', 'train')
 
-    def __init__(self, epochs: int | None = None, progress: bool = True,
+    def __init__(self, config: TaskConfig | None = None, *,
+                 epochs: int | None = None, progress: bool = True,
                  **options: Any):
-        if self.defaults is not None:
-            options = self.with_defaults(self.defaults, options)
+        self.config = build_config(self.config_class, options, self.name, config)
         self.epochs = epochs or self.default_epochs
         self.progress = progress
-        self.options = options
 
     @classmethod
-    def with_defaults(cls, defaults: dict[str, Any],
-                      options: dict[str, Any]) -> dict[str, Any]:
-        """``options`` filled in from ``defaults``; an option that
-        ``defaults`` does not name, or whose value is not of its default's
-        kind (a number, an integer, a bool), is an error."""
-        unknown = set(options) - set(defaults)
-        if unknown:
-            raise ValueError(f"Unknown {cls.name} options {sorted(unknown)}; "
-                             f"known: {sorted(defaults)}")
-        for key, value in options.items():
-            expected = _kind_error(defaults[key], value)
-            if expected:
-                raise ValueError(f"{cls.name} option {key}={value!r} must be "
-                                 f"{expected} (default: {defaults[key]!r})")
-        return {**defaults, **options}
+    def parse_option(cls, text: str) -> tuple[str, Any]:
+        """``KEY=VALUE`` from the command line as a checked option."""
+        return parse_option(cls.config_class, text, cls.name)
 
     @classmethod
-    def add_arguments(cls, parser: Any) -> None:
-        """Add this task's command-line flags (e.g. ``--root``) to ``parser``
-        (an argparse argument group). Each flag's ``dest`` is passed to the
-        constructor as a keyword when given; flags default to :obj:`None`."""
+    def add_arguments(cls, parser: Any, command: str = 'experiment') -> None:
+        """Add this task's command-line flags for ``command`` (e.g.
+        ``--root``) to ``parser`` (an argparse argument group). Each flag's
+        ``dest`` is passed to the constructor as a keyword when given; flags
+        default to :obj:`None`."""
         return None
+
+    @classmethod
+    def supports(cls, command: str) -> bool:
+        """Whether the task runs under ``command`` (``'train'``,
+        ``'evaluate'``, ``'predict'``; every task runs ``'experiment'``)."""
+        if command == 'experiment':
+            return True
+        method = COMMANDS[command]
+        return getattr(cls, method) is not getattr(Task, method)
 
     @abstractmethod
     def run(self, attention: str, seed: int) -> dict[str, Any]:
         """Train and evaluate one model; see the class docstring."""
 
-    def config(self) -> dict[str, Any]:
+    def recorded_config(self) -> dict[str, Any]:
         """Settings recorded with every run (a finished run is reused only if
         its recorded config equals the current one)."""
-        return {'epochs': self.epochs, **self.options}
+        return {'epochs': self.epochs,
+                **flat_options(self.config, recorded_only=True)}
 
+    # Commands beyond `experiment` (optional) --------------------------------
+    def build_model(self, attention: str) -> torch.nn.Module:
+        """A freshly initialised model of ``attention`` (what :meth:`fit`
+        trains; ``evaluate`` and ``predict`` load checkpoints into it)."""
+        raise NotImplementedError(f"The {self.name} task builds no model on "
+                                  f"its own")
 
-def _kind_error(default: Any, value: Any) -> str | None:
-    """What ``value`` should be where it is not of the kind of ``default``
-    (options without a bool or number default take any value)."""
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else 'True or False'
-    if isinstance(value, bool):
-        value = None  # a bool is no number here
-    if isinstance(default, int):
-        return None if isinstance(value, int) else 'an integer'
-    if isinstance(default, float):
-        # A dict: a value per attention type (e.g. time_scale={'metric': 2.0}).
-        return None if isinstance(value, (int, float, dict)) else 'a number'
-    return None
+    def prepare_data(self) -> None:
+        """Load the task's data, downloading or processing them where that
+        is needed (``train`` runs this on the first process before the
+        others)."""
+        return None
+
+    def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
+            resume: bool = False,
+            before_training: Callable[[], None] | None = None,
+            distributed: DistributedContext | None = None
+            ) -> tuple[torch.nn.Module, Trainer]:
+        """Train one model with :class:`~pyg_metric_attn.training.Trainer`
+        (checkpoints and metrics in ``out_dir`` when given; ``resume``: from
+        its last checkpoint). ``before_training`` is called once the resume
+        is known to be valid, before anything is written; ``distributed``:
+        this process's part in a run of several (under ``torchrun``)."""
+        raise NotImplementedError(f"The {self.name} task does not support "
+                                  f"'train'")
+
+    def save_example(self, model: torch.nn.Module, out_dir: Path) -> list[Path]:
+        """Files that show a trained model's results (e.g. a rendering),
+        written to ``out_dir``; the paths written."""
+        return []
+
+    def evaluate_split(self, model: torch.nn.Module,
+                       split: str) -> tuple[dict[str, Any], str]:
+        """``(metrics, report)`` of ``model`` on ``split`` (one of
+        :attr:`splits`): the metrics as JSON-ready values and their text for
+        the terminal."""
+        raise NotImplementedError(f"The {self.name} task does not support "
+                                  f"'evaluate'")
+
+    def predict_files(self, model: torch.nn.Module, paths: Sequence[Path],
+                      out_dir: Path) -> Iterator[tuple[Path, str | Exception]]:
+        """Predictions of ``model`` for the input files ``paths``, written to
+        ``out_dir``: per file ``(path, what was written)``, or ``(path,
+        error)`` for a file that cannot be read (the others go on)."""
+        raise NotImplementedError(f"The {self.name} task does not support "
+                                  f"'predict'")

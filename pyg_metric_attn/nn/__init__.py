@@ -1,14 +1,21 @@
+"""Layers and models. Mesh operators' containers (``MeshSpectrum``,
+``TangentGradient``) stay in their modules,
+:mod:`~pyg_metric_attn.nn.heat_diffusion` and
+:mod:`~pyg_metric_attn.nn.spatial_gradient`."""
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
-from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
-from pyg_metric_attn.nn.models import IPN
-from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
-from pyg_metric_attn.nn.spatial_gradient import (
-    SpatialGradientFeatures,
-    TangentGradient,
-    vertex_gradients,
+from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
+from pyg_metric_attn.nn.models import (
+    IPN,
+    MetricMeshFormer,
+    MetricMeshFormerConfig,
+    MetricTransformer,
 )
+from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
+from pyg_metric_attn.nn.spatial_gradient import SpatialGradientFeatures
+from pyg_metric_attn.nn.time_scale import TimeScale, matched_time_scale
 
-__all__ = ['HeatDiffusion', 'IPN', 'MeshSpectrum', 'MetricAttentionConv',
-           'MetricMultiheadAttention', 'ResidualTanhMLP',
-           'SpatialGradientFeatures', 'TangentGradient', 'vertex_gradients']
+__all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv', 'MetricMeshFormer',
+           'MetricMeshFormerConfig', 'MetricMultiheadAttention',
+           'MetricTransformer', 'ResidualTanhMLP', 'SpatialGradientFeatures',
+           'TimeScale', 'matched_time_scale']

@@ -8,13 +8,14 @@ the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
 :class:`~pyg_metric_attn.nn.MetricAttentionConv`) or PyG's ``'gat'``,
 ``'gatv2'``, ``'transformer'`` in the same slots, or ``'metricformer'``,
 :class:`~pyg_metric_attn.nn.models.MetricMeshFormer` (local plus global
-metric-attention with residual feed-forward blocks; its learning rate follows a
-cosine schedule to zero over the epochs unless ``former_cosine=False``; every
-block starts with a learned-time heat diffusion over the mesh, for which the
-meshes carry their ``k`` eigenpairs, unless ``former_diffusion=False``; and
-DiffusionNet's spatial gradient features of the diffused channels, from
-tangent gradient operators the meshes carry, unless
-``former_gradients=False``).
+metric-attention with residual feed-forward blocks, configured by the task's
+``former`` (:class:`~pyg_metric_attn.nn.models.MetricMeshFormerConfig`, set as
+``former_FIELD``); its learning rate follows a cosine schedule to zero over
+the epochs unless ``former_cosine=False``; every block starts with a
+learned-time heat diffusion over the mesh, for which the meshes carry their
+``k`` eigenpairs, unless ``former_diffusion=False``; and DiffusionNet's
+spatial gradient features of the diffused channels, from tangent gradient
+operators the meshes carry, unless ``former_gradients=False``).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -37,9 +38,11 @@ epoch is reported (no model selection on the test set).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,27 +50,99 @@ from torch_geometric.loader import DataLoader
 
 from pyg_metric_attn.datasets import BODY_PARTS, HumanSegmentation, SyntheticHumans
 from pyg_metric_attn.datasets.mesh_dataset import mesh_data
-from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
+from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
+from pyg_metric_attn.experiments.attention import (
+    ATTENTIONS,
+    attention_factory,
+    metric_options,
+)
+from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.nn.models import ATTENTIONS, IPN, MetricMeshFormer
-from pyg_metric_attn.training.distributed import (
+from pyg_metric_attn.geometry import MeshError
+from pyg_metric_attn.nn.models import IPN, MetricMeshFormer, MetricMeshFormerConfig
+from pyg_metric_attn.training import (
     DistributedContext,
+    Trainer,
+    epoch_generator,
+    eval_mode,
+    seed_everything,
     shard_indices,
     strided_share,
     unwrap,
 )
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
-from pyg_metric_attn.training.trainer import Trainer, seed_everything
 from pyg_metric_attn.transforms import (
     MeshPreprocessing,
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
+from pyg_metric_attn.utils.io import atomic_write_text
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 STRONG_MODEL = 'metricformer'
 MODELS = (*ATTENTIONS, STRONG_MODEL)
-METRIC_ATTENTIONS = ('metric', 'l2', 'dot')
+
+
+def default_former() -> MetricMeshFormerConfig:
+    """The former of the human_seg runs in RESULTS.md (64 wide, 4 blocks of 4
+    heads, dropout 0.1, global attention to every 8th vertex, heat diffusion
+    and gradient features)."""
+    return MetricMeshFormerConfig(hidden_channels=64, num_layers=4, heads=4,
+                                  dropout=0.1, global_stride=8, diffusion=True,
+                                  gradients=True)
+
+
+@dataclass(frozen=True)
+class HumanSegConfig(TaskConfig):
+    """The human_seg task's settings."""
+    # The paper's IPN (Table 2): d_Q = d_mlp = 64, Adam lr 1e-3, wd 1e-4.
+    hidden: int = setting(64, ge=1)
+    mlp_channels: int = setting(64, ge=1)
+    num_layers: int = setting(2, ge=1)
+    heads: int = setting(1, ge=1)
+    lr: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(1e-4, ge=0)
+    batch_size: int = setting(8, ge=1)
+    #: Heat-kernel time t of metric/l2/dot: a number, 'matched' or
+    #: {attention: t}.
+    time_scale: float | Literal['matched'] | dict[str, float] = setting(1.0, gt=0)
+    learn_time_scale: bool = False
+    #: metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map of
+    #: the vertex's own features added (TransformerConv's root weight).
+    value: bool = False
+    residual: bool = False
+    features: Literal['hks', 'xyz'] = 'hks'
+    hks_time_jitter: float = setting(1.0, ge=1)
+    label_smoothing: float = setting(0.0, ge=0, lt=1)
+    val_fraction: float = setting(0.0, ge=0, lt=1)
+    val_source: str | None = None
+    data_seed: int = 0
+    #: MetricMeshFormer ('metricformer'): its architecture, and a cosine
+    #: learning-rate schedule.
+    former: MetricMeshFormerConfig = setting(default_factory=default_former)
+    former_cosine: bool = True
+    # Data.
+    root: str | None = None
+    processed_dir: str | None = None
+    synthetic_root: str = 'datasets/synthetic_humans'
+    synthetic_train: int = setting(120, ge=1)
+    synthetic_test: int = setting(30, ge=1)
+    #: Eigenpairs per mesh and heat kernel signatures per vertex.
+    k: int = setting(128, ge=1)
+    hks_count: int = setting(16, ge=1)
+    num_workers: int = setting(2, ge=1, record=False)
+    #: Folder for each run's checkpoints, a coloured .ply and a rendering.
+    artifacts: str | None = setting(None, record=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.val_fraction > 0 and self.val_source:
+            raise ValueError("Set 'val_fraction' or 'val_source', not both")
+        if self.hks_time_jitter > 1 and not (self.features == 'hks'
+                                             and self.former.diffusion):
+            raise ValueError("'hks_time_jitter' recomputes HKS from the "
+                             "meshes' eigenpairs: it needs features='hks' and "
+                             "former_diffusion=True")
 
 
 class HumanSegTask(Task):
@@ -77,120 +152,84 @@ class HumanSegTask(Task):
     final_metric = 'test_face_acc'
     curve_metrics = ('train_loss', 'test_face_acc')
     default_epochs = 100
-    defaults: dict[str, Any] = dict(
-        # The paper's IPN (Table 2): d_Q = d_mlp = 64, Adam lr 1e-3, wd 1e-4.
-        hidden=64, mlp_channels=64, num_layers=2, heads=1, lr=1e-3,
-        weight_decay=1e-4, batch_size=8,
-        # Heat-kernel time t of metric/l2/dot: a float or {attention: t}.
-        time_scale=1.0, learn_time_scale=False,
-        # metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map
-        # of the vertex's own features added (TransformerConv's root weight).
-        value=False, residual=False,
-        features='hks', hks_time_jitter=1.0, label_smoothing=0.0,
-        val_fraction=0.0, val_source=None, data_seed=0,
-        # MetricMeshFormer ('metricformer').
-        former_hidden=64, former_layers=4, former_heads=4, former_dropout=0.1,
-        former_global=True, former_global_stride=8, former_cosine=True,
-        former_diffusion=True, former_gradients=True,
-        # Data.
-        root=None, processed_dir=None, synthetic_root='datasets/synthetic_humans',
-        synthetic_train=120, synthetic_test=30, k=128, hks_count=16,
-        num_workers=2, artifacts=None)
+    config_class = HumanSegConfig
+    config: HumanSegConfig
 
-    def __init__(self, epochs: int | None = None, progress: bool = True,
-                 **options: Any):
-        super().__init__(epochs=epochs, progress=progress, **options)
-        options = self.options
-        if options['features'] not in ('hks', 'xyz'):
-            raise ValueError(f"'features' must be 'hks' or 'xyz', got "
-                             f"'{options['features']}'")
-        if options['val_fraction'] > 0 and options['val_source']:
-            raise ValueError("Set 'val_fraction' or 'val_source', not both")
-        if not 0 <= options['label_smoothing'] < 1:
-            raise ValueError(f"'label_smoothing' must be in [0, 1), got "
-                             f"{options['label_smoothing']}")
-        if options['hks_time_jitter'] < 1:
-            raise ValueError(f"'hks_time_jitter' must be at least 1, got "
-                             f"{options['hks_time_jitter']}")
-        if options['hks_time_jitter'] > 1 and not (
-                options['features'] == 'hks' and self.spectral_basis):
-            raise ValueError("'hks_time_jitter' recomputes HKS from the "
-                             "meshes' eigenpairs: it needs features='hks' and "
-                             "former_diffusion=True")
-        self.eval_split = ('val' if options['val_fraction'] > 0
-                           or options['val_source'] else 'test')
+    def __init__(self, config: HumanSegConfig | None = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        c = self.config
+        self.eval_split = 'val' if c.val_fraction > 0 or c.val_source else 'test'
         self.final_metric = f'{self.eval_split}_face_acc'
         self.curve_metrics = ('train_loss', self.final_metric)
         #: Every mesh's preprocessing: the data sets' pre_transform and
         #: prepare_mesh's. No operator cache: the processed files hold them.
-        self.preprocessing = MeshPreprocessing(
-            options['k'], options['hks_count'], self.spectral_basis,
-            self.gradients)
+        self.preprocessing = MeshPreprocessing(c.k, c.hks_count,
+                                               self.spectral_basis,
+                                               self.gradients)
         self._data = None
 
     @classmethod
-    def add_arguments(cls, parser: Any) -> None:
+    def add_arguments(cls, parser: Any, command: str = 'experiment') -> None:
         parser.add_argument('--root', help='MeshCNN human_seg folder (train/, '
                             'test/, seg/, sseg/); default: synthetic humanoids')
         parser.add_argument('--processed-dir', help='where processed files go '
                             '(default: ROOT/processed)')
-        parser.add_argument('--features', choices=('hks', 'xyz'))
-        parser.add_argument('--artifacts', help='folder for each run\'s '
-                            'checkpoints, a coloured .ply and a rendering')
-
-    def config(self) -> dict[str, Any]:
-        config = super().config()
-        config.pop('artifacts')
-        config.pop('num_workers')
-        return config
+        if command in ('experiment', 'train'):
+            parser.add_argument('--features', choices=('hks', 'xyz'),
+                                help='inputs per vertex (default: hks)')
+        if command == 'experiment':
+            parser.add_argument('--artifacts', help='folder for each run\'s '
+                                'checkpoints, a coloured .ply and a rendering')
 
     # Data ------------------------------------------------------------------
     def datasets(self) -> tuple[Any, Any]:
         """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
         if self._data is None:
-            o = self.options
+            c = self.config
             common = dict(pre_transform=self.preprocessing,
-                          num_workers=o['num_workers'], log=self.progress)
-            if o['root']:
-                train = HumanSegmentation(o['root'], 'train',
-                                          processed_dir=o['processed_dir'],
+                          num_workers=c.num_workers, log=self.progress)
+            if c.root:
+                train = HumanSegmentation(c.root, 'train',
+                                          processed_dir=c.processed_dir,
                                           **common)
-                test = HumanSegmentation(o['root'], 'test',
-                                         processed_dir=o['processed_dir'],
+                test = HumanSegmentation(c.root, 'test',
+                                         processed_dir=c.processed_dir,
                                          **common)
             else:
-                train = SyntheticHumans(o['synthetic_root'], 'train',
-                                        o['synthetic_train'], **common)
-                test = SyntheticHumans(o['synthetic_root'], 'test',
-                                       o['synthetic_test'], **common)
-            if o['val_source']:
-                train, test = _split_by_source(train, o['val_source'])
+                train = SyntheticHumans(c.synthetic_root, 'train',
+                                        c.synthetic_train, **common)
+                test = SyntheticHumans(c.synthetic_root, 'test',
+                                       c.synthetic_test, **common)
+            if c.val_source:
+                train, test = _split_by_source(train, c.val_source)
             elif self.eval_split == 'val':
-                generator = torch.Generator().manual_seed(o['data_seed'])
+                generator = torch.Generator().manual_seed(c.data_seed)
                 order = torch.randperm(len(train), generator=generator)
-                num_val = max(1, round(o['val_fraction'] * len(train)))
+                num_val = max(1, round(c.val_fraction * len(train)))
                 train, test = train[order[num_val:]], train[order[:num_val]]
             self._data = train, test
         return self._data
+
+    def prepare_data(self) -> None:
+        self.datasets()
 
     @property
     def spectral_basis(self) -> int:
         """Eigenpairs each mesh carries: all ``k`` for the former's heat
         diffusion, else none."""
-        return self.options['k'] if self.options['former_diffusion'] else 0
+        return self.config.k if self.config.former.diffusion else 0
 
     @property
     def gradients(self) -> bool:
         """Whether the meshes carry tangent gradient operators (for the
         former's gradient features)."""
-        return bool(self.options['former_diffusion']
-                    and self.options['former_gradients'])
+        return self.config.former.diffusion and self.config.former.gradients
 
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex; when augmenting, coordinates are
         rotated and HKS rescaled in time (``hks_time_jitter``)."""
-        if self.options['features'] == 'hks':
-            jitter = self.options['hks_time_jitter']
+        if self.config.features == 'hks':
+            jitter = self.config.hks_time_jitter
             if not augment or jitter == 1:
                 return batch.hks
             log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(jitter)
@@ -205,30 +244,25 @@ class HumanSegTask(Task):
 
     # Model -----------------------------------------------------------------
     def build_model(self, attention: str) -> torch.nn.Module:
-        o = self.options
-        in_channels = o['hks_count'] if o['features'] == 'hks' else 3
+        c = self.config
+        in_channels = c.hks_count if c.features == 'hks' else 3
         if attention == STRONG_MODEL:
-            return MetricMeshFormer(in_channels, o['former_hidden'],
-                                    len(BODY_PARTS), o['former_layers'],
-                                    o['former_heads'],
-                                    dropout=o['former_dropout'],
-                                    global_attention=o['former_global'],
-                                    global_stride=o['former_global_stride'],
-                                    diffusion=o['former_diffusion'],
-                                    gradients=self.gradients)
+            return MetricMeshFormer(in_channels, len(BODY_PARTS),
+                                    replace(c.former, gradients=self.gradients))
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
-        kwargs = {}
-        if attention in METRIC_ATTENTIONS:
-            time_scale = o['time_scale']
-            if isinstance(time_scale, dict):
-                time_scale = time_scale[attention]
-            kwargs = dict(mlp_channels=o['mlp_channels'], time_scale=time_scale,
-                          learn_time_scale=o['learn_time_scale'],
-                          value=o['value'], residual=o['residual'])
-        return IPN(in_channels, o['hidden'], len(BODY_PARTS), o['num_layers'],
-                   attention=attention, heads=o['heads'], **kwargs)
+        time_scale = c.time_scale
+        if isinstance(time_scale, dict):
+            time_scale = time_scale[attention]
+        conv = attention_factory(
+            attention, heads=c.heads, concat=False,
+            **metric_options(attention, value=c.value, mlp_channels=c.mlp_channels,
+                             time_scale=time_scale,
+                             learn_time_scale=c.learn_time_scale,
+                             residual=c.residual))
+        return IPN(in_channels, c.hidden, len(BODY_PARTS), c.num_layers,
+                   conv=conv)
 
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
         """Per-vertex logits of a batch of meshes."""
@@ -251,21 +285,36 @@ class HumanSegTask(Task):
         if context.is_distributed:
             meshes = [meshes[i] for i in strided_share(len(meshes), context)]
         meter = SegmentationMeter(len(BODY_PARTS))
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            for batch in DataLoader(meshes, batch_size or
-                                    self.options['batch_size']):
+        with eval_mode(model):
+            for batch in DataLoader(meshes, batch_size or self.config.batch_size):
                 logits = self.forward(model, batch)
                 loss = F.cross_entropy(face_logits(logits, batch.face), batch.y)
                 meter.update(logits, batch, loss)
-        model.train(was_training)
         if context.is_distributed:
             shares = context.gather_objects(meter)
             meter = SegmentationMeter(len(BODY_PARTS))
             for share in shares:
                 meter.merge(share)
         return meter
+
+    def evaluate_split(self, model: torch.nn.Module,
+                       split: str) -> tuple[dict[str, Any], str]:
+        """Face, edge and soft edge accuracy, per-class accuracy and the
+        confusion matrix on ``'test'`` (the evaluation meshes: the
+        validation ones with ``val_fraction``/``val_source``) or
+        ``'train'``."""
+        train, evaluation = self.datasets()
+        meter = self.evaluate(model, train if split == 'train' else evaluation)
+        result = {**meter.compute(), **meter.details()}
+        width = max(len(name) for name in BODY_PARTS)
+        lines = [f'{key}: {100 * result[key]:.2f}%' for key in
+                 ('face_acc', 'edge_acc', 'soft_edge_acc') if key in result]
+        lines += [f'  {name:<{width}} {100 * acc:6.2f}%' for name, acc in
+                  zip(BODY_PARTS, result['class_acc'], strict=True)]
+        lines.append('confusion (rows: true, columns: predicted):')
+        lines += ['  ' + ' '.join(f'{count:6d}' for count in row)
+                  for row in result['confusion']]
+        return result, '\n'.join(lines)
 
     # Training --------------------------------------------------------------
     def training_loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
@@ -275,41 +324,36 @@ class HumanSegTask(Task):
         evenly over all classes."""
         logits = face_logits(self.forward(model, batch, augment=True), batch.face)
         return F.cross_entropy(logits, batch.y,
-                               label_smoothing=self.options['label_smoothing'])
+                               label_smoothing=self.config.label_smoothing)
 
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
             resume: bool = False,
             before_training: Callable[[], None] | None = None,
             distributed: DistributedContext | None = None
             ) -> tuple[torch.nn.Module, Trainer]:
-        """Train one model with :class:`~pyg_metric_attn.training.Trainer`
-        (checkpoints and metrics in ``out_dir`` when given; ``resume``: from
-        its last checkpoint). ``before_training`` is called once the resume
-        is known to be valid, before anything is written. With several
-        processes (``distributed``) each rank trains on its share of the
-        meshes (``batch_size`` per rank), draws its own augmentations, and
-        evaluates its share of the evaluation meshes."""
-        o = self.options
+        """With several processes (``distributed``) each rank trains on its
+        share of the meshes (``batch_size`` per rank), draws its own
+        augmentations, and evaluates its share of the evaluation meshes."""
+        c = self.config
         context = distributed or DistributedContext()
         train, evaluation = self.datasets()
         seed_everything(seed)
         model = self.build_model(attention)
         if context.is_distributed:
             seed_everything(context.rank_seed(seed))
-        optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
-                                     weight_decay=o['weight_decay'])
+        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
+                                     weight_decay=c.weight_decay)
         scheduler = None
-        if attention == STRONG_MODEL and o['former_cosine']:
+        if attention == STRONG_MODEL and c.former_cosine:
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
                                                                    self.epochs)
 
         def batches(epoch: int):
             if context.is_distributed:
                 share = shard_indices(len(train), context, seed, epoch)
-                return DataLoader(train, o['batch_size'], sampler=share.tolist())
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            return DataLoader(train, o['batch_size'], shuffle=True,
-                              generator=generator)
+                return DataLoader(train, c.batch_size, sampler=share.tolist())
+            return DataLoader(train, c.batch_size, shuffle=True,
+                              generator=epoch_generator(seed, epoch))
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             return self.evaluate(model, evaluation, distributed=context
@@ -328,7 +372,7 @@ class HumanSegTask(Task):
         return model, trainer
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
-        artifacts = self.options['artifacts']
+        artifacts = self.config.artifacts
         out_dir = (Path(artifacts) / f'{attention}-seed{seed}'
                    if artifacts else None)
         model, trainer = self.fit(attention, seed, out_dir)
@@ -343,8 +387,7 @@ class HumanSegTask(Task):
 
     def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
         """Predicted face labels of one processed mesh."""
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model):
             return face_logits(self.forward(model, mesh), mesh.face).argmax(-1)
 
     def prepare_mesh(self, pos, face, name: str):
@@ -352,8 +395,32 @@ class HumanSegTask(Task):
         were (:attr:`preprocessing`)."""
         return self.preprocessing(mesh_data(pos, face, name))
 
+    def predict_files(self, model: torch.nn.Module, paths: Sequence[Path],
+                      out_dir: Path) -> Iterator[tuple[Path, str | Exception]]:
+        """Segment mesh files (.obj, .off, .ply, .stl): per mesh
+        ``OUT/NAME.ply`` (faces coloured by part), ``NAME.png`` (a
+        rendering) and ``NAME.txt`` (a label per face), NAME the file's stem
+        (see :func:`output_names`); a file that is no usable mesh yields its
+        :class:`~pyg_metric_attn.geometry.MeshError`."""
+        for path, name in zip(paths, output_names(paths), strict=True):
+            try:
+                pos, face = read_mesh(path)
+                mesh = self.prepare_mesh(pos, face, path.name)
+            except MeshError as error:
+                yield path, error
+                continue
+            labels = self.predict(model, mesh).numpy()
+            write_segmented_ply(out_dir / f'{name}.ply', pos, face,
+                                label_colors(labels))
+            atomic_write_text(out_dir / f'{name}.txt',
+                              ''.join(f'{label}\n' for label in labels))
+            render_segmentations(out_dir / f'{name}.png', mesh.pos.numpy(), face,
+                                 [labels], [f'{path.name}: prediction'],
+                                 BODY_PARTS)
+            yield path, f'{out_dir}/{name}.{{ply,png,txt}}'
+
     def save_example(self, model: torch.nn.Module, out_dir: Path,
-                     index: int = 0) -> None:
+                     index: int = 0) -> list[Path]:
         """``segmentation.png`` (truth vs prediction) and ``prediction.ply`` of
         one evaluation mesh."""
         mesh = self.datasets()[1][index]
@@ -366,6 +433,24 @@ class HumanSegTask(Task):
                              BODY_PARTS)
         write_segmented_ply(out_dir / 'prediction.ply', pos, face,
                             label_colors(predicted))
+        return [out_dir / 'segmentation.png', out_dir / 'prediction.ply']
+
+
+def output_names(paths: Sequence[Path]) -> list[str]:
+    """Distinct output names of mesh files: the file's stem, with its
+    extension where stems repeat (``a.obj``, ``a.stl`` -> ``a-obj``,
+    ``a-stl``), then numbered where names still repeat."""
+    stems = Counter(path.stem for path in paths)
+    names: list[str] = []
+    for path in paths:
+        name = (path.stem if stems[path.stem] == 1
+                else f'{path.stem}-{path.suffix[1:].lower()}')
+        candidate, number = name, 1
+        while candidate in names:
+            number += 1
+            candidate = f'{name}-{number}'
+        names.append(candidate)
+    return names
 
 
 def _split_by_source(meshes, prefix: str) -> tuple[Any, Any]:

@@ -11,16 +11,27 @@ test images of its set.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pyg_metric_attn.datasets import MNIST
-from pyg_metric_attn.experiments.tasks.point_sets import (
-    POINT_SET_DEFAULTS,
-    PointSetTask,
-)
+from pyg_metric_attn.experiments.config import setting
+from pyg_metric_attn.experiments.tasks.point_sets import PointSetConfig, PointSetTask
+
+
+@dataclass(frozen=True)
+class MnistConfig(PointSetConfig):
+    """The MNIST task's settings: the paper's d_Q = d_mlp = 100 and lr 1e-4,
+    where the data are, and how many images to use (None: all)."""
+    hidden: int = 100
+    mlp_channels: int = 100
+    lr: float = 1e-4
+    root: str = setting('datasets', record=False)
+    num_train: int | None = setting(None, ge=1)
+    num_test: int | None = setting(None, ge=1)
 
 
 class MnistTask(PointSetTask):
@@ -29,32 +40,26 @@ class MnistTask(PointSetTask):
     num_classes = 10
     default_attentions = ('metric', 'l2', 'dot')
     default_epochs = 20
-    defaults: dict[str, Any] = dict(
-        POINT_SET_DEFAULTS, root='datasets', hidden=100, mlp_channels=100,
-        lr=1e-4, weight_decay=1e-4, num_train=None, num_test=None)
+    config_class = MnistConfig
+    config: MnistConfig
 
-    def __init__(self, epochs: int | None = None, progress: bool = True,
-                 **options: Any):
-        super().__init__(epochs=epochs, progress=progress, **options)
+    def __init__(self, config: MnistConfig | None = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
         self._data: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
-    def add_arguments(cls, parser: Any) -> None:
+    def add_arguments(cls, parser: Any, command: str = 'experiment') -> None:
         parser.add_argument(
             '--root', help="data root holding MNIST/raw/ or raw/ with the four "
             "IDX files (downloaded there when missing; default: datasets)")
-
-    def config(self) -> dict[str, Any]:
-        # Where the files are read from does not change a run's result.
-        return {k: v for k, v in super().config().items() if k != 'root'}
 
     def data(self) -> tuple[torch.Tensor, ...]:
         """The first ``num_train`` training and ``num_test`` test images
         (all by default), loaded once."""
         if self._data is None:
-            o = self.options
-            x_train, y_train = MNIST(Path(o['root']), train=True).features()
-            x_test, y_test = MNIST(Path(o['root']), train=False).features()
-            self._data = (x_train[:o['num_train']], y_train[:o['num_train']],
-                          x_test[:o['num_test']], y_test[:o['num_test']])
+            c = self.config
+            x_train, y_train = MNIST(Path(c.root), train=True).features()
+            x_test, y_test = MNIST(Path(c.root), train=False).features()
+            self._data = (x_train[:c.num_train], y_train[:c.num_train],
+                          x_test[:c.num_test], y_test[:c.num_test])
         return self._data

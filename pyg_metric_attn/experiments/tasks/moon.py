@@ -9,15 +9,13 @@ The data are fixed by ``data_seed``.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from sklearn.datasets import make_moons
 
-from pyg_metric_attn.experiments.tasks.point_sets import (
-    POINT_SET_DEFAULTS,
-    PointSetTask,
-)
+from pyg_metric_attn.experiments.config import setting
+from pyg_metric_attn.experiments.tasks.point_sets import PointSetConfig, PointSetTask
 
 
 def moon_data(num_train: int = 400, num_test: int = 100, noise: float = 0.2,
@@ -29,15 +27,24 @@ def moon_data(num_train: int = 400, num_test: int = 100, noise: float = 0.2,
     return x[:num_train], y[:num_train], x[num_train:], y[num_train:]
 
 
+@dataclass(frozen=True)
+class MoonConfig(PointSetConfig):
+    """The moon task's settings: the point-set ones and the data's."""
+    noise: float = setting(0.2, ge=0)
+    num_train: int = setting(400, ge=1)
+    num_test: int = setting(100, ge=1)
+    #: Seed of the one make_moons draw (the runs' seeds do not change it).
+    data_seed: int = 0
+
+
 class MoonTask(PointSetTask):
     """Two moons, IPN over point sets (the paper's Appendix A)."""
     name = 'moon'
     num_classes = 2
     default_epochs = 200
-    defaults: dict[str, Any] = dict(POINT_SET_DEFAULTS, noise=0.2, num_train=400,
-                                    num_test=100, data_seed=0)
+    config_class = MoonConfig
+    config: MoonConfig
 
     def data(self) -> tuple[torch.Tensor, ...]:
-        o = self.options
-        return moon_data(o['num_train'], o['num_test'], o['noise'],
-                         o['data_seed'])
+        c = self.config
+        return moon_data(c.num_train, c.num_test, c.noise, c.data_seed)

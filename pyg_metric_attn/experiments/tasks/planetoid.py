@@ -17,8 +17,9 @@ same two slots, with its own options (``time_scale``, ``metric_channels``,
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,17 +28,11 @@ from torch_geometric.data import Data
 from torch_geometric.datasets import Planetoid
 from torch_geometric.transforms import NormalizeFeatures
 
+from pyg_metric_attn.experiments.attention import attention_conv, metric_options
+from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.nn.models.ipn import attention_conv
-from pyg_metric_attn.nn.pseudo_metric import METRICS
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
 from pyg_metric_attn.utils.download import download_url
-
-#: Options of :class:`MetricAttentionConv` a task may set (given to the
-#: 'metric', 'l2' and 'dot' layers only).
-METRIC_OPTIONS = ('time_scale', 'learn_time_scale', 'metric_channels',
-                  'mlp_channels', 'value', 'residual')
-
 
 #: The raw files of a Planetoid graph: ``ind.NAME.EXTENSION``.
 RAW_EXTENSIONS = ('x', 'tx', 'allx', 'y', 'ty', 'ally', 'graph', 'test.index')
@@ -83,8 +78,8 @@ class GATNet(torch.nn.Module):
     Args:
         in_channels (int): Input feature size.
         out_channels (int): Number of classes.
-        attention (str): A kind known to
-            :func:`~pyg_metric_attn.nn.models.ipn.attention_conv`.
+        attention (str): An attention type of
+            :func:`~pyg_metric_attn.experiments.attention.attention_conv`.
         hidden_channels (int, optional): Features per head of the first
             layer. (default: :obj:`8`)
         heads (int, optional): Heads of the first layer. (default: :obj:`8`)
@@ -100,10 +95,15 @@ class GATNet(torch.nn.Module):
         super().__init__()
         self.dropout = dropout
         self.conv1 = attention_conv(attention, in_channels, hidden_channels,
-                                    heads, concat=True, dropout=dropout, **kwargs)
+                                    heads=heads, concat=True, dropout=dropout,
+                                    **kwargs)
         self.conv2 = attention_conv(attention, heads * hidden_channels,
-                                    out_channels, out_heads, concat=False,
+                                    out_channels, heads=out_heads, concat=False,
                                     dropout=dropout, **kwargs)
+
+    def reset_parameters(self) -> None:
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         x = F.dropout(x, p=self.dropout, training=self.training)
@@ -112,50 +112,65 @@ class GATNet(torch.nn.Module):
         return self.conv2(x, edge_index)
 
 
+@dataclass(frozen=True)
+class PlanetoidConfig(TaskConfig):
+    """GAT's recipe (Velickovic et al. 2018) and MetricAttentionConv's own
+    settings (for 'metric', 'l2', 'dot' only)."""
+    root: str = setting('datasets/planetoid', record=False)
+    #: Features per head of the first layer.
+    hidden: int = setting(8, ge=1)
+    heads: int = setting(8, ge=1)
+    out_heads: int = setting(1, ge=1)
+    dropout: float = setting(0.6, ge=0, lt=1)
+    lr: float = setting(0.005, gt=0)
+    weight_decay: float = setting(5e-4, ge=0)
+    #: Epochs without a better validation score before training stops.
+    patience: int = setting(100, ge=1)
+    time_scale: float | Literal['matched'] = setting(1.0, gt=0)
+    learn_time_scale: bool = False
+    metric_channels: int | None = setting(None, ge=1)
+    mlp_channels: int | None = setting(None, ge=1)
+    value: bool = True
+    residual: bool = False
+
+
 class PlanetoidTask(Task):
     """A Planetoid graph, GAT's two-layer recipe with each attention type."""
     dataset_name: ClassVar[str]
     curve_metrics = ('train_loss', 'val_acc', 'test_acc')
     default_epochs = 1000
-    defaults: dict[str, Any] = dict(
-        root='datasets/planetoid', hidden=8, heads=8, out_heads=1, dropout=0.6,
-        lr=0.005, weight_decay=5e-4, patience=100, time_scale=1.0,
-        learn_time_scale=False, metric_channels=None, mlp_channels=None,
-        value=True, residual=False)
+    config_class = PlanetoidConfig
+    config: PlanetoidConfig
 
-    def __init__(self, epochs: int | None = None, progress: bool = True,
-                 **options: Any):
-        super().__init__(epochs=epochs, progress=progress, **options)
+    def __init__(self, config: PlanetoidConfig | None = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
         self._data: Data | None = None
 
     @classmethod
-    def add_arguments(cls, parser: Any) -> None:
+    def add_arguments(cls, parser: Any, command: str = 'experiment') -> None:
         parser.add_argument(
             '--root', help=f"writable data root holding {cls.dataset_name}/raw/ "
             f"(processed/ is written next to it; default: datasets/planetoid)")
 
-    def config(self) -> dict[str, Any]:
-        return {k: v for k, v in super().config().items() if k != 'root'}
-
     def data(self) -> Data:
         if self._data is None:
-            self._data = load_planetoid(self.options['root'], self.dataset_name)
+            self._data = load_planetoid(self.config.root, self.dataset_name)
         return self._data
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
-        o = self.options
+        c = self.config
         data = self.data()
         seed_everything(seed)
-        # The metric options tune MetricAttentionConv only; GAT keeps its
-        # paper's layer.
-        conv_kwargs = ({k: o[k] for k in METRIC_OPTIONS if o[k] is not None}
-                       if attention in METRICS else {})
         model = GATNet(data.num_features, int(data.y.max()) + 1, attention,
-                       hidden_channels=o['hidden'], heads=o['heads'],
-                       out_heads=o['out_heads'], dropout=o['dropout'],
-                       **conv_kwargs)
-        optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
-                                     weight_decay=o['weight_decay'])
+                       hidden_channels=c.hidden, heads=c.heads,
+                       out_heads=c.out_heads, dropout=c.dropout,
+                       **metric_options(attention, time_scale=c.time_scale,
+                                        learn_time_scale=c.learn_time_scale,
+                                        metric_channels=c.metric_channels,
+                                        mlp_channels=c.mlp_channels,
+                                        value=c.value, residual=c.residual))
+        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
+                                     weight_decay=c.weight_decay)
 
         def step(model: torch.nn.Module, data: Data) -> Tensor:
             out = model(data.x, data.edge_index)
@@ -177,7 +192,7 @@ class PlanetoidTask(Task):
             return metrics
 
         trainer = Trainer(model, optimizer, step, evaluate, monitor='val_select',
-                          mode='max', patience=o['patience'],
+                          mode='max', patience=c.patience,
                           progress=self.progress,
                           desc=f'{self.name} {attention} seed {seed}')
         history = trainer.fit(lambda epoch: [data], self.epochs)

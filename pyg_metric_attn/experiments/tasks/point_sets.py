@@ -16,22 +16,48 @@ settings can be chosen without looking at the test set.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_metric_attn.experiments.attention import attention_factory, metric_options
+from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models import IPN
-from pyg_metric_attn.training.trainer import Trainer, seed_everything
+from pyg_metric_attn.training import (
+    DistributedContext,
+    Trainer,
+    epoch_generator,
+    eval_mode,
+    seed_everything,
+)
 from pyg_metric_attn.utils.point_sets import shuffled_sets
 
-#: Options every point-set task has (subclasses extend and override them).
-POINT_SET_DEFAULTS: dict[str, Any] = dict(
-    hidden=10, mlp_channels=10, num_layers=1, heads=1, time_scale=1.0,
-    learn_time_scale=False, lr=1e-3, weight_decay=1e-4, set_size=100,
-    validation=0)
+
+@dataclass(frozen=True)
+class PointSetConfig(TaskConfig):
+    """Settings every point-set task has (subclasses add their data's and
+    change defaults)."""
+    #: Width d_Q of the IPN's propagated features.
+    hidden: int = setting(10, ge=1)
+    #: Hidden width d_mlp of the metric map phi.
+    mlp_channels: int = setting(10, ge=1)
+    num_layers: int = setting(1, ge=1)
+    heads: int = setting(1, ge=1)
+    #: Heat-kernel time t of metric/l2/dot (the paper's: 1).
+    time_scale: float | Literal['matched'] = setting(1.0, gt=0)
+    learn_time_scale: bool = False
+    lr: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(1e-4, ge=0)
+    #: Points per set.
+    set_size: int = setting(100, ge=1)
+    #: Training points held out for validation (the last ones).
+    validation: int = setting(0, ge=0)
 
 
 def consecutive_sets(num_points: int, set_size: int) -> Tensor:
@@ -45,37 +71,69 @@ def consecutive_sets(num_points: int, set_size: int) -> Tensor:
 class PointSetTask(Task):
     """IPN point-set classification; subclasses provide :meth:`data`."""
     num_classes: ClassVar[int]
+    config: PointSetConfig
+    splits = ('test', 'val', 'train')
 
     @abstractmethod
     def data(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(x_train, y_train, x_test, y_test)``."""
 
-    def run(self, attention: str, seed: int) -> dict[str, Any]:
-        o = self.options
+    def split_data(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """``{'train': (x, y), 'test': ..., 'val': ...}``, ``'val'`` (the
+        last ``validation`` training points) only where they are held out."""
         x_train, y_train, x_test, y_test = self.data()
-        held_out = o['validation']
+        held_out = self.config.validation
         if not 0 <= held_out < x_train.size(0):
             raise ValueError(f"'validation' must be in [0, {x_train.size(0)}) "
                              f"(training points), got {held_out}")
         split = x_train.size(0) - held_out
-        evaluated = {'test': (x_test, y_test)}
+        splits = {'train': (x_train[:split], y_train[:split]),
+                  'test': (x_test, y_test)}
         if held_out:
-            evaluated['val'] = (x_train[split:], y_train[split:])
-            x_train, y_train = x_train[:split], y_train[:split]
-        evaluation_sets = {name: (x, y, consecutive_sets(x.size(0), o['set_size']))
-                           for name, (x, y) in evaluated.items()}
+            splits['val'] = (x_train[split:], y_train[split:])
+        return splits
+
+    def build_model(self, attention: str) -> IPN:
+        c = self.config
+        conv = attention_factory(
+            attention, heads=c.heads, concat=False,
+            **metric_options(attention, value=False,
+                             mlp_channels=c.mlp_channels,
+                             time_scale=c.time_scale,
+                             learn_time_scale=c.learn_time_scale))
+        return IPN(self.data()[0].size(1), c.hidden, self.num_classes,
+                   c.num_layers, conv=conv)
+
+    def scores(self, model: torch.nn.Module, name: str, x: Tensor,
+               y: Tensor) -> dict[str, float]:
+        """``NAME_loss`` and ``NAME_acc`` of ``model`` on the points ``x``,
+        cut into consecutive sets of ``set_size``."""
+        logits = model(x, batch=consecutive_sets(x.size(0), self.config.set_size))
+        return {f'{name}_loss': float(F.cross_entropy(logits, y)),
+                f'{name}_acc': float((logits.argmax(-1) == y).float().mean())}
+
+    def prepare_data(self) -> None:
+        self.data()
+
+    def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
+            resume: bool = False,
+            before_training: Callable[[], None] | None = None,
+            distributed: DistributedContext | None = None
+            ) -> tuple[IPN, Trainer]:
+        if distributed is not None and distributed.is_distributed:
+            raise ValueError(f"The {self.name} task trains in one process: "
+                             f"run it without torchrun")
+        c = self.config
+        splits = self.split_data()
+        x_train, y_train = splits.pop('train')
         seed_everything(seed)
-        model = IPN(x_train.size(1), o['hidden'], self.num_classes,
-                    num_layers=o['num_layers'], attention=attention,
-                    heads=o['heads'], mlp_channels=o['mlp_channels'],
-                    time_scale=o['time_scale'],
-                    learn_time_scale=o['learn_time_scale'])
-        optimizer = torch.optim.Adam(model.parameters(), lr=o['lr'],
-                                     weight_decay=o['weight_decay'])
+        model = self.build_model(attention)
+        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
+                                     weight_decay=c.weight_decay)
 
         def batches(epoch: int):
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            for index in shuffled_sets(len(x_train), o['set_size'], generator):
+            generator = epoch_generator(seed, epoch)
+            for index in shuffled_sets(len(x_train), c.set_size, generator):
                 yield x_train[index], y_train[index]
 
         def step(model: torch.nn.Module, batch) -> Tensor:
@@ -84,16 +142,35 @@ class PointSetTask(Task):
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             metrics = {}
-            for name, (x, y, sets) in evaluation_sets.items():
-                logits = model(x, batch=sets)
-                metrics[f'{name}_loss'] = float(F.cross_entropy(logits, y))
-                metrics[f'{name}_acc'] = float((logits.argmax(-1) == y).float().mean())
+            for name, (x, y) in splits.items():
+                metrics.update(self.scores(model, name, x, y))
             return metrics
 
-        trainer = Trainer(model, optimizer, step, evaluate,
+        trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
                           progress=self.progress,
                           desc=f'{self.name} {attention} seed {seed}')
-        history = trainer.fit(batches, self.epochs)
+        if resume:
+            trainer.resume(self.epochs)
+        if before_training is not None:
+            before_training()
+        trainer.fit(batches, self.epochs)
+        return model, trainer
+
+    def run(self, attention: str, seed: int) -> dict[str, Any]:
+        _, trainer = self.fit(attention, seed)
+        history = trainer.history
         final = {k: v for k, v in history[-1].items()
                  if k.startswith(('test_', 'val_'))}
         return {'history': history, 'final': final}
+
+    def evaluate_split(self, model: torch.nn.Module,
+                       split: str) -> tuple[dict[str, Any], str]:
+        splits = self.split_data()
+        if split not in splits:
+            raise ValueError(f"No '{split}' split: it is the last "
+                             f"'validation' training points; set "
+                             f"-o validation=N")
+        with eval_mode(model):
+            metrics = self.scores(model, split, *splits[split])
+        return metrics, '\n'.join(f'{key}: {value:.4f}'
+                                   for key, value in metrics.items())

@@ -1,98 +1,97 @@
 r"""The information propagation network (IPN) of Ruan & Zhang (2024)."""
 from __future__ import annotations
 
-from typing import Any
+import copy
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GATConv, GATv2Conv, TransformerConv
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import Adj, OptTensor
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
-from pyg_metric_attn.nn.pseudo_metric import METRICS
 from pyg_metric_attn.utils.point_sets import fully_connected_edge_index
 
-PYG_ATTENTIONS = {'gat': GATConv, 'gatv2': GATv2Conv, 'transformer': TransformerConv}
-ATTENTIONS: tuple[str, ...] = METRICS + tuple(PYG_ATTENTIONS)
-
-
-def attention_conv(attention: str, in_channels: int, out_channels: int,
-                   heads: int = 1, concat: bool = True,
-                   **kwargs: Any) -> torch.nn.Module:
-    r"""An attention layer of the given kind, GATConv-style arguments.
-
-    ``'metric'``, ``'l2'`` and ``'dot'`` build :class:`MetricAttentionConv`;
-    ``'gat'``, ``'gatv2'`` and ``'transformer'`` build PyG's
-    :class:`~torch_geometric.nn.conv.GATConv`,
-    :class:`~torch_geometric.nn.conv.GATv2Conv` and
-    :class:`~torch_geometric.nn.conv.TransformerConv`. ``kwargs`` go to the
-    layer; those a PyG layer does not take (the metric-attention options) are
-    dropped for it.
-    """
-    if attention in METRICS:
-        return MetricAttentionConv(in_channels, out_channels, heads=heads,
-                                   concat=concat, metric=attention, **kwargs)
-    if attention not in PYG_ATTENTIONS:
-        raise ValueError(f"Unknown attention '{attention}'; expected one of "
-                         f"{ATTENTIONS}")
-    metric_only = ('metric_channels', 'mlp_channels', 'time_scale',
-                   'learn_time_scale', 'value')
-    kwargs = {k: v for k, v in kwargs.items() if k not in metric_only}
-    if attention == 'transformer':
-        kwargs.pop('add_self_loops', None)  # TransformerConv has no self-loops
-    return PYG_ATTENTIONS[attention](in_channels, out_channels, heads=heads,
-                                     concat=concat, **kwargs)
-
-
-def propagation_module(attention: str, channels: int, heads: int = 1,
-                       **kwargs: Any) -> torch.nn.Module:
-    r"""One ``channels -> channels`` attention layer of the given kind (see
-    :func:`attention_conv`), heads averaged (``concat=False``) so every kind
-    keeps the width."""
-    return attention_conv(attention, channels, channels, heads, concat=False,
-                          **kwargs)
+#: A propagation layer, or what builds one from ``(in_channels,
+#: out_channels)`` (a layer class, or a :func:`functools.partial` of one).
+ConvFactory = Callable[[int, int], torch.nn.Module]
 
 
 class IPN(torch.nn.Module):
-    r"""Linear :math:`\to` ``num_layers`` attention propagation modules
-    :math:`\to` Linear, returning class logits (the paper's IPN).
+    r"""Linear :math:`\to` ``num_layers`` propagation layers :math:`\to`
+    Linear, returning class logits (the paper's IPN):
+
+    .. math::
+        H^{(0)} = X W_{in}, \qquad H^{(l)} = \mathrm{conv}_l(H^{(l-1)}),
+        \qquad Y = H^{(L)} W_{out}.
+
+    The paper's propagation, and the default, is metric-attention without a
+    value map, :math:`H' = S H`
+    (``MetricAttentionConv(hidden_channels, hidden_channels, value=False)``).
+    Any layer that maps ``hidden_channels`` to ``hidden_channels`` features
+    may take its place, as :class:`~torch_geometric.nn.conv.GPSConv` takes
+    ``conv``, e.g. ``conv=functools.partial(GATConv, heads=2, concat=False)``.
 
     On a graph the propagation follows ``edge_index``. On point sets (no
     ``edge_index``) every point attends to every point of its set, the sets
-    being given by ``batch`` (the paper's Moon/MNIST setting).
+    being given by ``batch`` (the paper's Moon/MNIST setting): layers with a
+    ``forward_point_sets`` method (:class:`MetricAttentionConv`) run their
+    dense kernel, others run on the sets' all-pairs edges.
 
     Args:
         in_channels (int): Input feature size.
         hidden_channels (int): Width :math:`d_Q` of the propagated features.
         out_channels (int): Number of classes.
-        num_layers (int, optional): Number of propagation modules.
+        num_layers (int, optional): Number of propagation layers.
             (default: :obj:`1`)
-        attention (str, optional): ``'metric'``, ``'l2'``, ``'dot'`` (this
-            library's :class:`MetricAttentionConv`) or ``'gat'``, ``'gatv2'``,
-            ``'transformer'`` (PyG's layers in the same slots).
-            (default: :obj:`'metric'`)
-        heads (int, optional): Attention heads per module (averaged).
-            (default: :obj:`1`)
-        value (bool, optional): Give metric-attention modules a value map. The
-            paper propagates the features themselves, :math:`H' = S H`.
-            (default: :obj:`False`)
-        **kwargs (optional): Further arguments of the propagation modules,
-            e.g. ``mlp_channels``, ``time_scale``, ``dropout``, ``edge_dim``.
+        conv (torch.nn.Module or callable, optional): The propagation layer,
+            or a factory called as ``conv(hidden_channels, hidden_channels)``
+            once per layer. A module is the first layer; further layers are
+            deep copies of it with their parameters reset.
+            (default: the paper's
+            ``partial(MetricAttentionConv, value=False)``)
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, edge
+          indices :math:`(2, |\mathcal{E}|)` *(optional)*, ``batch``
+          :math:`(|\mathcal{V}|)` *(optional)*, edge features
+          :math:`(|\mathcal{E}|, D_e)` *(optional)*
+        - **output:** class logits :math:`(|\mathcal{V}|, F_{out})`
     """
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int = 1, attention: str = 'metric', heads: int = 1,
-                 value: bool = False, **kwargs: Any):
+                 num_layers: int = 1,
+                 conv: torch.nn.Module | ConvFactory | None = None):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"'num_layers' must be at least 1, got {num_layers}")
-        self.attention = attention
+        if conv is None:
+            conv = partial(MetricAttentionConv, value=False)
+        if not (isinstance(conv, torch.nn.Module) or callable(conv)):
+            raise TypeError(f"'conv' must be a module or a callable that builds "
+                            f"one from (in_channels, out_channels), got "
+                            f"{type(conv).__name__}")
+        if isinstance(conv, torch.nn.Module) and num_layers > 1 and not hasattr(
+                conv, 'reset_parameters'):
+            raise ValueError(f"{type(conv).__name__} has no 'reset_parameters', "
+                             f"so its copies for 'num_layers={num_layers}' "
+                             f"would share its initial weights: pass a factory "
+                             f"that builds each layer")
         self.lin_in = Linear(in_channels, hidden_channels)
-        self.convs = torch.nn.ModuleList([
-            propagation_module(attention, hidden_channels, heads, value=value,
-                               **kwargs) for _ in range(num_layers)
-        ])
+        self.convs = torch.nn.ModuleList(
+            self._layers(conv, hidden_channels, num_layers))
         self.lin_out = Linear(hidden_channels, out_channels)
+
+    @staticmethod
+    def _layers(conv: torch.nn.Module | ConvFactory, channels: int,
+                num_layers: int) -> list[torch.nn.Module]:
+        if not isinstance(conv, torch.nn.Module):
+            return [conv(channels, channels) for _ in range(num_layers)]
+        layers = [conv]
+        for _ in range(num_layers - 1):
+            layers.append(copy.deepcopy(conv))
+            layers[-1].reset_parameters()
+        return layers
 
     def reset_parameters(self) -> None:
         self.lin_in.reset_parameters()
@@ -112,17 +111,20 @@ class IPN(torch.nn.Module):
         return self.lin_out(h)
 
     def _propagate_point_sets(self, h: Tensor, batch: OptTensor) -> Tensor:
-        """All pairs per set: dense kernels for metric-attention, edges else."""
-        if self.attention in METRICS:
-            for conv in self.convs:
-                h = conv.forward_point_sets(h, batch)
-            return h
-        edge_index = fully_connected_edge_index(h.size(0), batch, h.device)
+        """All pairs per set: dense kernels where a layer has them, edges
+        else."""
+        edge_index = None
         for conv in self.convs:
+            if hasattr(conv, 'forward_point_sets'):
+                h = conv.forward_point_sets(h, batch)
+                continue
+            if edge_index is None:
+                edge_index = fully_connected_edge_index(h.size(0), batch,
+                                                        h.device)
             h = conv(h, edge_index)
         return h
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.lin_in.in_channels}, '
                 f'{self.lin_in.out_channels}, {self.lin_out.out_channels}, '
-                f'num_layers={len(self.convs)}, attention={self.attention!r})')
+                f'num_layers={len(self.convs)}, conv={self.convs[0]})')

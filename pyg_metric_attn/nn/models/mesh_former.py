@@ -2,20 +2,26 @@ r"""A metric-attention transformer for mesh vertices: local attention over
 mesh edges plus global attention across each whole mesh."""
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
 import torch
 from torch import Tensor
 from torch.nn import GELU, Dropout, LayerNorm, Sequential
 from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import reset
 from torch_geometric.typing import Adj, OptTensor
 from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
+from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
     TangentGradient,
 )
+from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.point_sets import farthest_point_sampling
 
 
@@ -39,8 +45,28 @@ class MetricMeshFormerBlock(torch.nn.Module):
     edges. With ``gradients`` the linear map also reads the
     :class:`SpatialGradientFeatures` of the diffused channels (DiffusionNet's
     block), which see directions on the surface, not only distances.
+
+    Args:
+        channels (int): Width (divisible by ``heads``).
+        heads (int): Heads of both attentions.
+        time_scale (float or str): Initial :math:`t` of both attentions, or
+            ``'matched'``.
+        learn_time_scale (bool): Learn :math:`t`. (default: :obj:`True`)
+        dropout (float): Dropout on the residual branches and in the FFN.
+            (default: :obj:`0.0`)
+        global_attention (bool): Add the global step. (default: :obj:`True`)
+        metric (str): ``'metric'``, ``'l2'`` or ``'dot'``.
+            (default: :obj:`'metric'`)
+        diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
+        gradients (bool): Add the gradient features (needs ``diffusion``).
+            (default: :obj:`False`)
+
+    Shapes:
+        - **input:** vertex features :math:`(N, C)`, edge indices
+          :math:`(2, E)`, ``batch`` :math:`(N)` *(optional)*
+        - **output:** vertex features :math:`(N, C)`
     """
-    def __init__(self, channels: int, heads: int, time_scale: float,
+    def __init__(self, channels: int, heads: int, time_scale: float | str,
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
                  diffusion: bool = False, gradients: bool = False):
@@ -69,6 +95,10 @@ class MetricMeshFormerBlock(torch.nn.Module):
         self.ffn = Sequential(Linear(channels, 2 * channels), GELU(),
                               Dropout(dropout), Linear(2 * channels, channels))
         self.dropout = Dropout(dropout)
+
+    def reset_parameters(self) -> None:
+        for child in self.children():
+            reset(child)
 
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
                 spectrum: MeshSpectrum | None = None,
@@ -114,24 +144,29 @@ class MetricMeshFormerBlock(torch.nn.Module):
         return out[query_mask]
 
 
-class MetricMeshFormer(torch.nn.Module):
-    r"""``Linear`` :math:`\to` ``num_layers`` :class:`MetricMeshFormerBlock`
-    :math:`\to` ``LayerNorm`` :math:`\to` ``Linear``: per-vertex class logits.
+@dataclass(frozen=True)
+class MetricMeshFormerConfig:
+    r"""The architecture of a :class:`MetricMeshFormer`: everything but its
+    input and output widths (nanoGPT's ``GPTConfig``).
 
-    Heat-kernel logits :math:`-\|\phi(h_i) - \phi(h_j)\|^2 / t` of
-    layer-normalised features have squared distances of order :math:`2D` for
-    :math:`D` = ``channels / heads`` dimensions per head, so :math:`t` starts
-    at ``time_scale`` (default :math:`2D`, logits of order one) and is learned.
+    The heat-kernel logits :math:`-\|\phi(h_i) - \phi(h_j)\|^2 / t` of
+    layer-normalised features have squared distances of order :math:`2D`
+    for :math:`D` = ``hidden_channels / heads`` dimensions per head, so the
+    default :math:`t` starts at :math:`2D` (logits of order one, where the
+    paper's :math:`t = 1` would make each vertex attend almost only to
+    itself; see :mod:`~pyg_metric_attn.nn.time_scale`) and is learned.
 
     Args:
-        in_channels (int): Input features per vertex.
         hidden_channels (int): Width. (default: :obj:`128`)
-        out_channels (int): Classes.
         num_layers (int): Blocks. (default: :obj:`4`)
-        heads (int): Attention heads. (default: :obj:`4`)
-        time_scale (float, optional): Initial :math:`t`.
+        heads (int): Attention heads (dividing ``hidden_channels``).
+            (default: :obj:`4`)
+        time_scale (float or str, optional): Initial :math:`t`, or
+            ``'matched'`` (:math:`2\sqrt{D}`, the logit scale of scaled
+            dot-product attention). (default: :obj:`None`: :math:`2D`)
         learn_time_scale (bool): Learn :math:`t`. (default: :obj:`True`)
-        dropout (float): Dropout on the residual branches.
+        dropout (float): Dropout on the residual branches and in the FFN.
+            (default: :obj:`0.0`)
         global_attention (bool): Add the global step. (default: :obj:`True`)
         metric (str): The pseudo-metric of both attentions.
             (default: :obj:`'metric'`)
@@ -139,37 +174,94 @@ class MetricMeshFormer(torch.nn.Module):
             ``global_stride`` vertices of each mesh, chosen by
             :func:`~pyg_metric_attn.utils.point_sets.farthest_point_sampling`
             of the positions (so the choice does not depend on the vertex
-            numbering); :meth:`forward` then needs ``pos``. (default:
-            :obj:`1`: all vertices)
+            numbering); :meth:`MetricMeshFormer.forward` then needs ``pos``.
+            (default: :obj:`1`: all vertices)
         diffusion (bool): Start every block with a learned-time
-            :class:`HeatDiffusion`; :meth:`forward` then needs the meshes'
-            ``evecs``, ``evals`` and ``mass``. (default: :obj:`False`)
+            :class:`~pyg_metric_attn.nn.HeatDiffusion`; the forward pass then
+            needs the meshes' ``evecs``, ``evals`` and ``mass``.
+            (default: :obj:`False`)
         gradients (bool): Add spatial gradient features of the diffused
-            channels (needs ``diffusion``); :meth:`forward` then needs the
+            channels (needs ``diffusion``); the forward pass then needs the
             meshes' ``grad_index`` and ``grad_weight``. (default: :obj:`False`)
     """
-    def __init__(self, in_channels: int, hidden_channels: int = 128,
-                 out_channels: int = 8, num_layers: int = 4, heads: int = 4,
-                 time_scale: float | None = None, learn_time_scale: bool = True,
-                 dropout: float = 0.0, global_attention: bool = True,
-                 metric: str = 'metric', global_stride: int = 1,
-                 diffusion: bool = False, gradients: bool = False):
+    hidden_channels: int = 128
+    num_layers: int = 4
+    heads: int = 4
+    time_scale: float | Literal['matched'] | None = None
+    learn_time_scale: bool = True
+    dropout: float = 0.0
+    global_attention: bool = True
+    metric: str = 'metric'
+    global_stride: int = 1
+    diffusion: bool = False
+    gradients: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ('hidden_channels', 'num_layers', 'heads', 'global_stride'):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"'{name}' must be a positive integer, got "
+                                 f"{value!r}")
+        if self.hidden_channels % self.heads:
+            raise ValueError(f"'hidden_channels' ({self.hidden_channels}) must "
+                             f"be divisible by 'heads' ({self.heads})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"'dropout' must be in [0, 1), got {self.dropout!r}")
+        check_metric(self.metric)
+        if self.time_scale is not None:
+            TimeScale(resolve_time_scale(self.time_scale, self.metric,
+                                         self.hidden_channels // self.heads))
+
+
+class MetricMeshFormer(torch.nn.Module):
+    r"""``Linear`` :math:`\to` ``num_layers`` :class:`MetricMeshFormerBlock`
+    :math:`\to` ``LayerNorm`` :math:`\to` ``Linear``: per-vertex logits.
+
+    Args:
+        in_channels (int): Input features per vertex.
+        out_channels (int): Outputs per vertex (e.g. classes).
+        config (MetricMeshFormerConfig, optional): The architecture.
+            (default: :obj:`MetricMeshFormerConfig()`)
+        **kwargs (optional): Fields of :class:`MetricMeshFormerConfig` that
+            replace those of ``config``, e.g. ``hidden_channels=64``.
+    """
+    def __init__(self, in_channels: int, out_channels: int,
+                 config: MetricMeshFormerConfig | None = None, **kwargs: Any):
         super().__init__()
-        if global_stride < 1:
-            raise ValueError(f"'global_stride' must be positive, got "
-                             f"{global_stride}")
-        self.global_stride = global_stride if global_attention else 1
-        if time_scale is None:
-            time_scale = 2.0 * hidden_channels / heads
-        self.lin_in = Linear(in_channels, hidden_channels)
+        if config is None:
+            config = MetricMeshFormerConfig()
+        elif not isinstance(config, MetricMeshFormerConfig):
+            raise TypeError(f"'config' must be a MetricMeshFormerConfig, got "
+                            f"{type(config).__name__} {config!r} (the width is "
+                            f"'hidden_channels=...')")
+        unknown = set(kwargs) - {f.name for f in fields(MetricMeshFormerConfig)}
+        if unknown:
+            raise TypeError(f"MetricMeshFormer got unknown arguments "
+                            f"{sorted(unknown)}; the architecture's are the "
+                            f"fields of MetricMeshFormerConfig")
+        config = replace(config, **kwargs)
+        self.config = config
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.global_stride = (config.global_stride if config.global_attention
+                              else 1)
+        time_scale = config.time_scale
+        if time_scale is None:  # squared distances of layer-normed features
+            time_scale = 2.0 * config.hidden_channels / config.heads
+        self.lin_in = Linear(in_channels, config.hidden_channels)
         self.blocks = torch.nn.ModuleList([
-            MetricMeshFormerBlock(hidden_channels, heads, time_scale,
-                                  learn_time_scale, dropout, global_attention,
-                                  metric, diffusion, gradients)
-            for _ in range(num_layers)
+            MetricMeshFormerBlock(config.hidden_channels, config.heads,
+                                  time_scale, config.learn_time_scale,
+                                  config.dropout, config.global_attention,
+                                  config.metric, config.diffusion,
+                                  config.gradients)
+            for _ in range(config.num_layers)
         ])
-        self.norm_out = LayerNorm(hidden_channels)
-        self.lin_out = Linear(hidden_channels, out_channels)
+        self.norm_out = LayerNorm(config.hidden_channels)
+        self.lin_out = Linear(config.hidden_channels, out_channels)
+
+    def reset_parameters(self) -> None:
+        for child in self.children():
+            reset(child)
 
     def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
                 evecs: OptTensor = None, evals: OptTensor = None,
@@ -195,3 +287,7 @@ class MetricMeshFormer(torch.nn.Module):
         for block in self.blocks:
             h = block(h, edge_index, batch, spectrum, gradient, global_keys)
         return self.lin_out(self.norm_out(h))
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, '
+                f'{self.out_channels}, {self.config})')

@@ -10,22 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Dropout, Embedding, LayerNorm, Linear, ModuleList
+from torch_geometric.nn.inits import reset
 
 from pyg_metric_attn.nn.dense.multihead import MetricMultiheadAttention
 from pyg_metric_attn.nn.pseudo_metric import check_metric
-
-
-def matched_time_scale(metric: str, head_dim: int) -> float:
-    r"""The time scale that gives every attention type the logit scale of
-    scaled dot-product attention.
-
-    :math:`-\|q - k\|^2 / t = (2 q^\top k - \|k\|^2) / t - \|q\|^2 / t`, and
-    :math:`\|q\|^2` drops out of the softmax, so :math:`t = 2\sqrt{D}` turns
-    the cross term into :math:`q^\top k / \sqrt{D}` for ``'metric'`` and
-    ``'l2'``; ``'dot'`` already divides by :math:`\sqrt{D}` and keeps
-    :math:`t = 1`.
-    """
-    return 1.0 if check_metric(metric) == 'dot' else 2.0 * math.sqrt(head_dim)
+from pyg_metric_attn.nn.time_scale import resolve_time_scale
 
 
 def sinusoidal_positions(length: int, channels: int,
@@ -53,6 +42,10 @@ class _Sublayers(torch.nn.Module):
         self.norm_first = norm_first
         self.norms = ModuleList([LayerNorm(d_model) for _ in range(num_sublayers)])
         self.dropout = Dropout(dropout)
+
+    def reset_parameters(self) -> None:
+        for child in self.children():
+            reset(child)
 
     def residual(self, index: int, x: Tensor, sublayer) -> Tensor:
         norm = self.norms[index]
@@ -162,8 +155,12 @@ class MetricTransformer(torch.nn.Module):
             (default: :obj:`False`)
         pad_index (int, optional): The padding token. (default: :obj:`0`)
         time_scale (float or str, optional): The attention time scale
-            :math:`t`; ``'matched'`` uses :func:`matched_time_scale`.
-            (default: :obj:`1.0`, the paper's)
+            :math:`t`, or ``'matched'``: :math:`t = 2\sqrt{D}` for
+            :math:`D` = ``d_model / num_heads`` (:math:`1` for ``'dot'``), the
+            logit scale of scaled dot-product attention. The default is the
+            paper's :math:`t = 1`, under which each token attends almost only
+            to itself at initialisation for :math:`D \gtrsim 8` (see
+            :mod:`~pyg_metric_attn.nn.time_scale`). (default: :obj:`1.0`)
         learn_time_scale (bool, optional): Learn :math:`t` per attention
             block. (default: :obj:`False`)
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of the
@@ -184,11 +181,9 @@ class MetricTransformer(torch.nn.Module):
         if d_model % num_heads:
             raise ValueError(f"'d_model' ({d_model}) must be divisible by "
                              f"'num_heads' ({num_heads})")
-        if time_scale == 'matched':
-            time_scale = matched_time_scale(attention, d_model // num_heads)
-        elif isinstance(time_scale, str):
-            raise ValueError(f"'time_scale' must be a number or 'matched', got "
-                             f"'{time_scale}'")
+        # 'matched' resolves to the same t in every attention block.
+        time_scale = resolve_time_scale(time_scale, attention,
+                                        d_model // num_heads)
         self.d_model = d_model
         self.attention = check_metric(attention)
         self.pad_index = pad_index
@@ -213,9 +208,19 @@ class MetricTransformer(torch.nn.Module):
         self.encoder_norm = LayerNorm(d_model) if norm_first else None
         self.decoder_norm = LayerNorm(d_model) if norm_first else None
         self.generator = Linear(d_model, tgt_vocab_size)
-        self.reset_parameters()
+        self._reset_embeddings()  # the layers initialised themselves
 
     def reset_parameters(self) -> None:
+        for layer in (*self.encoder_layers, *self.decoder_layers):
+            layer.reset_parameters()
+        for norm in (self.encoder_norm, self.decoder_norm):
+            if norm is not None:
+                norm.reset_parameters()
+        self._reset_embeddings()
+
+    def _reset_embeddings(self) -> None:
+        r"""Embeddings :math:`\mathcal{N}(0, 1/d)` (padding row zero) and the
+        output layer (tied to them, or Xavier-uniform)."""
         for embedding in dict.fromkeys((self.src_embedding, self.tgt_embedding)):
             torch.nn.init.normal_(embedding.weight, std=self.d_model**-0.5)
             with torch.no_grad():
