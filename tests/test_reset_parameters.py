@@ -15,6 +15,7 @@ from pyg_metric_attn.experiments.tasks.planetoid import GATNet
 from pyg_metric_attn.nn import (
     IPN,
     HeatDiffusion,
+    MetricAttentionalAggregation,
     MetricAttentionConv,
     MetricMeshFormer,
     MetricMultiheadAttention,
@@ -57,6 +58,8 @@ BUILDERS = {
     'conv': lambda: MetricAttentionConv(6, 4, heads=2, edge_dim=3,
                                         residual=True, learn_time_scale=True),
     'mha': lambda: MetricMultiheadAttention(8, 2, kdim=6, learn_time_scale=True),
+    'aggregation': lambda: MetricAttentionalAggregation(
+        5, 3, num_queries=2, learn_time_scale=True),
     'phi': lambda: ResidualTanhMLP(5, 3, 7),
     'time': lambda: TimeScale(2.0, learn=True),
     'diffusion': lambda: HeatDiffusion(4),
@@ -94,6 +97,7 @@ def test_reset_parameters_redraws_every_parameter(name):
 def test_nn_exports_layers_and_models_not_mesh_internals():
     exported = set(pyg_metric_attn.nn.__all__)
     assert {'MetricAttentionConv', 'MetricMultiheadAttention', 'IPN',
+            'MetricAttentionalAggregation',
             'MetricMeshFormer', 'MetricTransformer', 'HeatDiffusion',
             'SpatialGradientFeatures'} <= exported
     assert not exported & {'MeshSpectrum', 'TangentGradient', 'vertex_gradients'}

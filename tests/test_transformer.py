@@ -12,6 +12,7 @@ from conftest import shared_dataset
 
 from pyg_metric_attn.datasets import Multi30k, SubwordTokenizer, pad_sequences
 from pyg_metric_attn.nn import (
+    MetricAttentionalAggregation,
     MetricAttentionConv,
     MetricMeshFormer,
     MetricMultiheadAttention,
@@ -116,6 +117,11 @@ def test_every_attention_module_takes_the_matched_time_scale(metric):
     model = MetricTransformer(10, 10, 8, 2, 1, 1, 16, attention=metric,
                               time_scale='matched')
     assert model.encoder_layers[0].self_attn.time_scale == matched
+    if metric != 'dot':  # pooling scores by a distance only
+        pool = MetricAttentionalAggregation(6, 3, metric=metric,
+                                            metric_channels=4,
+                                            time_scale='matched')
+        assert pool.time_scale() == matched
     for make in (lambda t: MetricAttentionConv(6, 4, time_scale=t),
                  lambda t: MetricMultiheadAttention(8, 2, time_scale=t),
                  lambda t: MetricMeshFormer(5, 2, hidden_channels=8, heads=2,

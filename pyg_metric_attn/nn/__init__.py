@@ -2,6 +2,7 @@
 ``TangentGradient``) stay in their modules,
 :mod:`~pyg_metric_attn.nn.heat_diffusion` and
 :mod:`~pyg_metric_attn.nn.spatial_gradient`."""
+from pyg_metric_attn.nn.aggr import MetricAttentionalAggregation
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
@@ -15,7 +16,8 @@ from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.nn.spatial_gradient import SpatialGradientFeatures
 from pyg_metric_attn.nn.time_scale import TimeScale, matched_time_scale
 
-__all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv', 'MetricMeshFormer',
+__all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv',
+           'MetricAttentionalAggregation', 'MetricMeshFormer',
            'MetricMeshFormerConfig', 'MetricMultiheadAttention',
            'MetricTransformer', 'ResidualTanhMLP', 'SpatialGradientFeatures',
            'TimeScale', 'matched_time_scale']

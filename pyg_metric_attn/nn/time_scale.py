@@ -2,6 +2,7 @@ r"""The heat-kernel time scale :math:`t` of :math:`\exp(-d / t)`.
 
 One rule for every attention module of this library (the conv,
 :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`,
+:class:`~pyg_metric_attn.nn.MetricAttentionalAggregation`,
 :class:`~pyg_metric_attn.nn.models.MetricMeshFormer`,
 :class:`~pyg_metric_attn.nn.models.MetricTransformer`): ``time_scale`` is a
 positive number or ``'matched'``, :func:`matched_time_scale` of the module's

@@ -8,7 +8,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
 from pyg_metric_attn.nn.pseudo_metric import check_metric, tied_map
-from pyg_metric_attn.nn.time_scale import TimeScale
+from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 
 
 class MetricAttentionalAggregation(Aggregation):
@@ -36,8 +36,10 @@ class MetricAttentionalAggregation(Aggregation):
             (default: :obj:`in_channels`)
         mlp_channels (int, optional): Hidden width of :math:`\phi` for
             ``'metric'``. (default: :obj:`metric_channels`)
-        time_scale (float, optional): The heat-kernel time :math:`t`.
-            (default: :obj:`1.0`)
+        time_scale (float or str, optional): The heat-kernel time :math:`t`,
+            or ``'matched'`` (:math:`t = 2\sqrt{D}`; see
+            :mod:`~pyg_metric_attn.nn.time_scale` for when the paper's
+            :math:`t = 1` saturates). (default: :obj:`1.0`)
         learn_time_scale (bool, optional): Learn :math:`t`.
             (default: :obj:`False`)
         concat (bool, optional): Flatten the :math:`k` vectors (:obj:`True`)
@@ -51,7 +53,7 @@ class MetricAttentionalAggregation(Aggregation):
     """
     def __init__(self, in_channels: int, out_channels: int, num_queries: int = 4,
                  metric: str = 'metric', metric_channels: int | None = None,
-                 mlp_channels: int | None = None, time_scale: float = 1.0,
+                 mlp_channels: int | None = None, time_scale: float | str = 1.0,
                  learn_time_scale: bool = False, concat: bool = True):
         super().__init__()
         if check_metric(metric) == 'dot':
@@ -74,7 +76,8 @@ class MetricAttentionalAggregation(Aggregation):
                             mlp_channels or self.metric_channels)
         self.lin_value = Linear(in_channels, out_channels, bias=False,
                                 weight_initializer='glorot')
-        self.time_scale = TimeScale(time_scale, learn_time_scale)
+        self.time_scale = TimeScale(resolve_time_scale(
+            time_scale, metric, self.metric_channels), learn_time_scale)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
