@@ -168,5 +168,6 @@ def test_task_end_to_end_reuse_and_resume(data, tmp_path):
     assert resumed['final'] == record['final']
     with pytest.raises(ValueError, match='Unknown multi30k options'):
         TASKS['multi30k'](beams=3)
-    with pytest.raises(ValueError, match="'direction'"):
+    with pytest.raises(ValueError, match="direction='fr-en' must be 'de-en' or "
+                       "'en-de'"):
         TASKS['multi30k'](direction='fr-en')

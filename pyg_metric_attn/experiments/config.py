@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import os
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields, replace
@@ -178,7 +179,10 @@ def check_option(cls: type, key: str, value: Any, owner: str) -> None:
 def build_config(cls: type, options: dict[str, Any], owner: str,
                  base: Any = None) -> Any:
     """The config ``cls`` (or ``base``, an instance of it) with ``options``
-    set; every option is checked (:func:`check_option`), then the whole."""
+    set; every option is checked (:func:`check_option`), then the whole.
+    Paths (:class:`os.PathLike`) are given as text, as runs record them."""
+    options = {key: os.fspath(value) if isinstance(value, os.PathLike) else value
+               for key, value in options.items()}
     names = option_names(cls)
     unknown = set(options) - set(names)
     if unknown:

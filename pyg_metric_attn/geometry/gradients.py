@@ -8,7 +8,7 @@ edge :math:`p_j - p_i` projected onto the tangent plane. It is linear in
 :math:`f`, so it is stored as two sparse ``[V, V]`` matrices
 (:func:`gradient_operators`), or as one list of their nonzeros with an
 :math:`(x, y)` pair of coefficients each (:func:`gradient_coefficients`, the
-form :class:`~pyg_metric_attn.nn.TangentGradient` reads).
+form :class:`~pyg_metric_attn.nn.spatial_gradient.TangentGradient` reads).
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ class MeshPreprocessing(BaseTransform):
       :class:`~pyg_metric_attn.nn.HeatDiffusion`);
     * with ``gradients``: the tangent gradient operators as ``grad_index``
       ``[2, nnz]`` and ``grad_weight`` ``[nnz, 2]`` (for
-      :class:`~pyg_metric_attn.nn.TangentGradient` and
+      :class:`~pyg_metric_attn.nn.spatial_gradient.TangentGradient` and
       :class:`~pyg_metric_attn.nn.SpatialGradientFeatures`).
 
     These are exactly what :class:`~pyg_metric_attn.nn.models.MetricMeshFormer`
