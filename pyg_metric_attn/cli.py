@@ -234,7 +234,16 @@ def _add_task_parsers(command: argparse.ArgumentParser, name: str,
         sub.set_defaults(task_flags=[action.dest
                                      for action in group._group_actions])
         parsers.append((task_cls, sub))
-    if name != 'experiment':
+    if name == 'experiment':  # analyses that train nothing
+        from pyg_metric_attn.experiments import heat_limit
+        sub = tasks.add_parser(heat_limit.NAME, parents=[global_flags],
+                               help='the heat-kernel limit of attention '
+                               'propagation on manifolds (no training): errors, '
+                               'best t, fitted slopes, a plot',
+                               prog=f'{command.prog} {heat_limit.NAME}')
+        heat_limit.add_arguments(sub)
+        sub.set_defaults(func=heat_limit.main)
+    else:
         command.task_names = tuple(names)
         command.other_tasks = tuple(sorted(set(TASKS) - set(names)))
         command.description = (f'{COMMAND_HELP[name]}. TASK: '

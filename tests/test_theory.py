@@ -157,3 +157,24 @@ def test_rank_one_residual():
     average = lambda h: h.mean(0, keepdim=True).expand_as(h)  # noqa: E731
     depth = residuals_through_depth([average, average], torch.randn(6, 3))
     assert depth.shape == (3, 1) and depth[0, 0] > 0 and depth[1:].abs().max() < 1e-12
+
+
+def test_heat_limit_experiment_command(tmp_path, capsys):
+    from pyg_metric_attn.cli import main
+    out = tmp_path / 'heat'
+    assert main(['experiment', 'heat_limit', '--manifolds', 'circle',
+                 '--densities', 'uniform', '--sizes', '100', '300', '--times',
+                 '0.05', '0.2', '0.5', '--seeds', '1', '--out', str(out),
+                 '--no-progress']) == 0
+    table = capsys.readouterr().out
+    assert '| circle | uniform | 300 |' in table and 'bias slope' in table
+    for name in ('results.json', 'summary.md', 'heat_limit.png'):
+        assert (out / name).stat().st_size > 0
+    import json
+    results = json.loads((out / 'results.json').read_text())
+    assert len(results['cells']) == 2 * 3
+    curve, = results['curves']
+    assert curve['variance_slope'] < 0  # more samples, less error
+    assert main(['experiment', 'heat_limit', '--manifolds', 'cube',
+                 '--out', str(out)]) != 0
+    assert 'Unknown manifold' in capsys.readouterr().err
