@@ -235,14 +235,17 @@ def _add_task_parsers(command: argparse.ArgumentParser, name: str,
                                      for action in group._group_actions])
         parsers.append((task_cls, sub))
     if name == 'experiment':  # analyses that train nothing
-        from pyg_metric_attn.experiments import heat_limit
-        sub = tasks.add_parser(heat_limit.NAME, parents=[global_flags],
-                               help='the heat-kernel limit of attention '
-                               'propagation on manifolds (no training): errors, '
-                               'best t, fitted slopes, a plot',
-                               prog=f'{command.prog} {heat_limit.NAME}')
-        heat_limit.add_arguments(sub)
-        sub.set_defaults(func=heat_limit.main)
+        from pyg_metric_attn.experiments import heat_limit, rank_collapse
+        for analysis, summary in (
+                (heat_limit, 'the heat-kernel limit of attention propagation on '
+                 'manifolds: errors, best t, fitted slopes, a plot'),
+                (rank_collapse, 'rank collapse of stacked attention blocks at '
+                 'initialisation, per metric and block kind, a plot')):
+            sub = tasks.add_parser(analysis.NAME, parents=[global_flags],
+                                   help=summary,
+                                   prog=f'{command.prog} {analysis.NAME}')
+            analysis.add_arguments(sub)
+            sub.set_defaults(func=analysis.main)
     else:
         command.task_names = tuple(names)
         command.other_tasks = tuple(sorted(set(TASKS) - set(names)))

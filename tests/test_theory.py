@@ -178,3 +178,22 @@ def test_heat_limit_experiment_command(tmp_path, capsys):
     assert main(['experiment', 'heat_limit', '--manifolds', 'cube',
                  '--out', str(out)]) != 0
     assert 'Unknown manifold' in capsys.readouterr().err
+
+
+def test_rank_collapse_experiment_command(tmp_path, capsys):
+    """Pure dot-product attention collapses the sets within a few blocks;
+    skip connections keep them apart (a small, seeded run)."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    out = tmp_path / 'rank'
+    assert main(['experiment', 'rank_collapse', '--depth', '6', '--seeds', '1',
+                 '--sets', '2', '--set-size', '30', '--out', str(out),
+                 '--no-progress']) == 0
+    assert '| dot | attention |' in capsys.readouterr().out
+    assert (out / 'rank_collapse.png').stat().st_size > 0
+    curves = {(c['metric'], c['block']): c['mean'] for c in
+              json.loads((out / 'results.json').read_text())['curves']}
+    assert len(curves) == 9 and all(len(m) == 7 for m in curves.values())
+    assert curves['dot', 'attention'][-1] < 1e-3 * curves['dot', 'attention'][0]
+    assert curves['dot', 'skip'][-1] > 0.1
