@@ -19,8 +19,9 @@ What runs, in this order (most important first, so that a run cut short by
    defaults, self-loops added by the layer) of GATConv, GATv2Conv,
    TransformerConv and MetricAttentionConv with backend 'triton', 'scatter'
    and 'fused', on uniform graphs (100k nodes / 2M edges, 1M / 20M) and
-   power-law graphs of the same sizes (:func:`power_law_edge_index`), in
-   float32 and bfloat16. bfloat16 *casts the model and the inputs*
+   power-law graphs of the same sizes
+   (:func:`benchmarks.graphs.power_law_edge_index`), in float32 and
+   bfloat16. bfloat16 *casts the model and the inputs*
    (``.to(torch.bfloat16)``), not autocast: PyG's layers run end to end in
    bfloat16 that way, while under autocast their scatter ops meet mixed
    dtypes. (MetricAttentionConv still forms its logits in float32.)
@@ -71,8 +72,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.cases import sparse_layer
+from benchmarks.graphs import make_graph
 from benchmarks.measure import is_out_of_memory
-from benchmarks.run import format_cell
+from benchmarks.run import format_cell, result_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,76 +109,13 @@ SIZES: dict[str, dict[str, Any]] = {
                  graph_kinds=['uniform', 'power-law'], steps=2,
                  kernel_length=16),
 }
-POWER_LAW_EXPONENT = 0.7  # rank-size exponent a: weight of rank r ~ r^-a
-
 # Rough seconds per job on an H100 (process start, imports, Triton compiles
 # on a cold cache, warm-up and timed steps of every variant and mode); only
 # used to order and report, never to skip.
 START_S = 8.0
 
 
-# ----------------------------------------------------------------- graphs
-
-def uniform_edge_index(num_nodes: int, num_edges: int,
-                       device: torch.device) -> torch.Tensor:
-    """``num_edges`` directed edges with both ends uniformly random (seed 0,
-    drawn on ``device``)."""
-    generator = torch.Generator(device=device).manual_seed(0)
-    return torch.randint(0, num_nodes, (2, num_edges), generator=generator,
-                         device=device)
-
-
-def power_law_edge_index(num_nodes: int, num_edges: int, device: torch.device,
-                         exponent: float = POWER_LAW_EXPONENT) -> torch.Tensor:
-    r"""``num_edges`` directed edges whose ends follow a rank-size (Zipf) law.
-
-    Node of rank :math:`r` (ranks randomly permuted over node ids, one
-    permutation per end) is drawn with probability :math:`\propto r^{-a}`,
-    independently for the source and the destination of each edge (inverse
-    CDF on one uniform number per end; seed 0, drawn on ``device``). With
-    :math:`a = 0.7` the degree distribution has tail exponent
-    :math:`1 + 1/a \approx 2.4` and the largest hub has in- and out-degree
-    about :math:`E \cdot a' / N^{0.3}` with :math:`a' = 0.3`: ~2e4 at
-    100k / 2M and ~1e5 at 1M / 20M. Multi-edges occur (between hubs).
-    """
-    generator = torch.Generator(device=device).manual_seed(0)
-    ranks = torch.arange(1, num_nodes + 1, device=device, dtype=torch.float64)
-    cdf = ranks.pow(-exponent).cumsum(0)
-    cdf /= cdf[-1].clone()
-    ends = []
-    for _ in range(2):
-        u = torch.rand(num_edges, generator=generator, device=device,
-                       dtype=torch.float64)
-        rank = torch.searchsorted(cdf, u).clamp_max_(num_nodes - 1)
-        node_of_rank = torch.randperm(num_nodes, generator=generator,
-                                      device=device)
-        ends.append(node_of_rank[rank])
-    return torch.stack(ends)
-
-
-def make_graph(kind: str, nodes: int, edges: int,
-               device: torch.device) -> torch.Tensor:
-    if kind == 'uniform':
-        return uniform_edge_index(nodes, edges, device)
-    if kind == 'power-law':
-        return power_law_edge_index(nodes, edges, device)
-    raise ValueError(f"Unknown graph kind '{kind}'")
-
-
 # ------------------------------------------------------------------ steps
-
-def sparse_layer(variant: str, channels: int, heads: int) -> torch.nn.Module:
-    """``channels -> heads x channels`` with each layer's defaults."""
-    from torch_geometric import nn
-
-    if variant in ('GATConv', 'GATv2Conv', 'TransformerConv'):
-        return getattr(nn, variant)(channels, channels, heads=heads)
-    from pyg_metric_attn import MetricAttentionConv
-
-    metric, backend = variant.split('-')
-    return MetricAttentionConv(channels, channels, heads=heads, metric=metric,
-                               backend=backend)
-
 
 def dense_kernel(variant: str) -> Callable:
     import torch.nn.functional as F
@@ -232,7 +172,8 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
             ('sparse', case['graph'], case['nodes'], case['edges'],
              case['channels']), make_inputs)
         x = x.to(dtype)
-        layer = sparse_layer(case['variant'], case['channels'], case['heads'])
+        layer = sparse_layer(case['variant'], case['channels'],
+                             case['channels'], case['heads'])
         layer = layer.to(device, dtype).train(backward)
         return _graded(lambda: layer(x, edge_index), backward)
     if kind == 'dense-kernel':
@@ -700,10 +641,6 @@ def child_main(job_path: str, results_path: str, device_name: str,
 
 
 # ---------------------------------------------------------------- runner
-
-def result_key(case: dict[str, Any], mode: str) -> str:
-    return json.dumps([case, mode], sort_keys=True)
-
 
 def run_job(job: dict[str, Any], args: argparse.Namespace, deadline: float,
             log_dir: Path, previous: dict[str, dict[str, Any]] | None = None

@@ -6,8 +6,10 @@ A warm-up run, then at least ``--repeats`` timed runs (more for fast steps,
 up to about ``--min-time`` seconds); the median wall time. Memory: the peak
 resident set size (``getrusage``) and the peak over the resident size after
 imports and inputs (what the step itself adds), or
-``torch.cuda.max_memory_allocated`` on a GPU. An allocation failure prints
-``status: OOM``.
+``torch.cuda.max_memory_allocated`` on a GPU. On Linux the peak is reset once
+the inputs are made (:func:`reset_peak_rss`), so memory that making them took
+and gave back (drawing a big random graph) is not counted as the step's. An
+allocation failure prints ``status: OOM``.
 """
 from __future__ import annotations
 
@@ -30,6 +32,18 @@ def peak_rss_mib() -> float:
 
 def current_rss_mib() -> float:
     return psutil.Process().memory_info().rss / 2**20
+
+
+def reset_peak_rss() -> bool:
+    """Lower the peak resident set size (``getrusage``, ``VmHWM``) to the
+    current one (Linux' ``/proc/self/clear_refs``); False where that is not
+    possible, and the peak then covers the whole process."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as clear_refs:
+            clear_refs.write('5')
+    except OSError:
+        return False
+    return True
 
 
 def synchronize(device: torch.device) -> None:
@@ -58,6 +72,7 @@ def measure(case: dict, mode: str, device: torch.device, repeats: int,
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device) / 2**20
     else:
+        result['peak_reset'] = reset_peak_rss()
         baseline = current_rss_mib()
     times = time_step(step, device, repeats, min_time)
     if device.type == 'cuda':

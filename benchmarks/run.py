@@ -1,16 +1,22 @@
 """Run the benchmark suites, one fresh process per configuration.
 
-    python -m benchmarks.run --suite sparse|dense|all [--quick]
-        [--lengths L ...] [--variants NAME ...] [--out DIR]
+    python -m benchmarks.run --suite sparse|dense|scale|all [--quick|--tiny]
+        [--lengths L ...] [--edges E ...] [--variants NAME ...] [--out DIR]
+        [--resume] [--lock PATH]
 
 Each (case, mode) runs ``python -m benchmarks.measure`` under a memory cap
 (``RLIMIT_AS``) and a timeout; one that runs out of either becomes an ``OOM``
 or ``timeout`` cell, not a crash. With ``--lock PATH`` every group of cases
 that share a baseline runs under an exclusive ``flock`` of PATH, so other
 jobs that take the same lock cannot disturb a comparison. Writes
-``DIR/SUITE.json`` (all numbers, the machine, versions, the command) and
+``DIR/SUITE.json`` (all numbers, the machine, versions, the commands) after
+every cell, so ``--resume`` goes on where a stopped run left off, and
 ``DIR/SUITE.md`` (median time and peak memory over the baseline process
-size, with ratios to the baseline variant of the same group).
+size, with ratios to the baseline variant of the same group; the scale suite:
+:func:`benchmarks.scale.report`). The scale suite skips a cell, recording why,
+where :func:`benchmarks.scale.plan` predicts that it cannot fit, and waits
+before a big cell until the machine has the memory the prediction says it
+needs.
 """
 from __future__ import annotations
 
@@ -30,22 +36,30 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch_geometric
 from tqdm import tqdm
 
+from benchmarks import scale
 from benchmarks.cases import (
     DENSE_BASELINE,
-    MODES,
+    SCALE_BASELINE,
     SPARSE_BASELINE,
+    SUITE_MODES,
     dense_cases,
     group_key,
+    scale_cases,
     sparse_cases,
 )
+from benchmarks.graphs import GRAPH_KINDS
 from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
 
 SUITES = {'sparse': (sparse_cases, SPARSE_BASELINE),
-          'dense': (dense_cases, DENSE_BASELINE)}
+          'dense': (dense_cases, DENSE_BASELINE),
+          'scale': (scale_cases, SCALE_BASELINE)}
+# Timed steps per cell: the scale suite's steps take minutes at 50M edges.
+REPEATS = {'sparse': 5, 'dense': 5, 'scale': 2}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,6 +73,7 @@ def run_one(case: dict[str, Any], mode: str, args: argparse.Namespace) -> dict:
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
+    limits = dict(memory_cap_gib=args.memory_gib, timeout_s=args.timeout)
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True,
@@ -66,18 +81,21 @@ def run_one(case: dict[str, Any], mode: str, args: argparse.Namespace) -> dict:
                               preexec_fn=limit_memory if args.device == 'cpu'
                               else None)
     except subprocess.TimeoutExpired:
-        return dict(mode=mode, status='timeout', wall_s=args.timeout)
+        return dict(mode=mode, status='timeout', wall_s=args.timeout, **limits)
     wall = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.startswith('{')]
     if done.returncode == 0 and lines:
-        return json.loads(lines[-1]) | dict(wall_s=wall)
+        return json.loads(lines[-1]) | dict(wall_s=wall, **limits)
     error = (done.stderr.strip().splitlines() or ['no output'])[-1]
+    if done.returncode == -9:
+        error = ('killed by SIGKILL (the kernel OOM killer: the machine ran out '
+                 f'of memory, not necessarily the cap): {error}')
     # A process killed by the memory cap (or the kernel) or failing to
     # allocate under it is out of memory; anything else is a real failure.
     out_of_memory = done.returncode < 0 or 'memory' in error.lower() or \
         'allocate' in error.lower()
     return dict(mode=mode, status='OOM' if out_of_memory else 'error',
-                error=error[:300], wall_s=wall)
+                error=error[:300], wall_s=wall, **limits)
 
 
 @contextlib.contextmanager
@@ -93,23 +111,96 @@ def maybe_locked(path: str | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run_suite(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def result_key(case: dict[str, Any], mode: str) -> str:
+    return json.dumps([case, mode], sort_keys=True)
+
+
+def wait_for_memory(need_mib: float, wait_s: float) -> float:
+    """Wait up to ``wait_s`` seconds until the machine has ``need_mib``
+    available (other processes share it); returns what is available."""
+    deadline = time.time() + wait_s
+    while True:
+        available = psutil.virtual_memory().available / 2**20
+        if available >= need_mib or time.time() >= deadline:
+            return available
+        time.sleep(min(15.0, max(deadline - time.time(), 0.0)))
+
+
+# Results kept by --resume; the rest runs again.
+FINAL_STATUSES = ('ok', 'OOM', 'timeout')
+
+
+def run_suite(name: str, args: argparse.Namespace,
+              meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measure the suite's selected cases; ``DIR/NAME.json`` holds ``meta``
+    and every result so far after each cell (with ``--resume``, also the
+    results of earlier runs: those of :data:`FINAL_STATUSES` are kept and
+    not measured again)."""
     make_cases, baseline = SUITES[name]
-    cases = [case for case in make_cases(args.quick)
+    every_case = make_cases(args.size)
+    cases = [case for case in every_case
              if (args.lengths is None or case.get('length') in args.lengths)
+             and (args.edges is None or case.get('edges') in args.edges)
+             and (args.graphs is None or case.get('graph') in args.graphs)
              and (args.variants is None
                   or case['variant'] in (*args.variants, baseline))]
-    results = []
-    with tqdm(total=len(cases) * len(MODES), desc=name, unit='run') as bar:
+    modes = SUITE_MODES[name]
+    path = args.out / f'{name}.json'
+    by_key: dict[str, dict[str, Any]] = {}
+    if args.resume and path.exists():
+        earlier = json.loads(path.read_text())
+        by_key = {result_key(r['case'], r['mode']): r
+                  for r in earlier['results']}
+        meta['earlier_runs'] = earlier['meta'].get('earlier_runs', []) + [
+            {k: earlier['meta'][k] for k in ('command', 'date', 'wall_min')}]
+    order = {result_key(case, mode): i for i, (case, mode) in enumerate(
+        itertools.product(every_case, modes))}
+    start = time.perf_counter()
+
+    def ordered() -> list[dict[str, Any]]:
+        return sorted(by_key.values(), key=lambda r: order.get(
+            result_key(r['case'], r['mode']), len(order)))
+
+    with tqdm(total=len(cases) * len(modes), desc=name, unit='run') as bar:
         for _, group in itertools.groupby(cases, key=group_key):
             with maybe_locked(args.lock):
-                for case in group:
-                    for mode in MODES:
-                        bar.set_postfix_str(_label(case, mode))
-                        results.append(dict(case=case,
-                                            **run_one(case, mode, args)))
-                        bar.update()
-    return results
+                for case, mode in itertools.product(group, modes):
+                    key = result_key(case, mode)
+                    bar.set_postfix_str(_label(case, mode))
+                    old = by_key.get(key)
+                    if old is None or old['status'] not in FINAL_STATUSES:
+                        by_key[key] = dict(case=case, **_run_cell(
+                            name, case, mode, ordered(), args))
+                        meta['wall_min'] = (time.perf_counter() - start) / 60
+                        args.out.mkdir(parents=True, exist_ok=True)
+                        atomic_write_json(path, dict(meta=meta,
+                                                     results=ordered()))
+                    bar.update()
+    meta['wall_min'] = (time.perf_counter() - start) / 60
+    return ordered()
+
+
+def _run_cell(name: str, case: dict[str, Any], mode: str,
+              results: list[dict[str, Any]],
+              args: argparse.Namespace) -> dict[str, Any]:
+    """One cell: skipped where its plan says so, else measured once the
+    machine has the memory it is predicted to need."""
+    if name != 'scale':
+        return run_one(case, mode, args)
+    cell = scale.plan(case, [r for r in results if r['mode'] == mode],
+                      args.memory_gib, args.timeout, args.skip_over_cap)
+    predicted = dict(predicted_mib=cell['predicted_mib'],
+                     prediction_basis=cell['basis'])
+    if cell['skip'] is not None:
+        return dict(mode=mode, status='skipped', error=cell['skip'], **predicted)
+    if cell['predicted_mib'] is not None:
+        need = min(cell['predicted_mib'], args.memory_gib * 1024) + 1024
+        available = wait_for_memory(need, args.memory_wait)
+        if available < need:
+            return dict(mode=mode, status='skipped', **predicted, error=(
+                f'the machine had {available / 1024:.1f} GiB available for '
+                f'{args.memory_wait:g} s, the cell needs {need / 1024:.1f}'))
+    return run_one(case, mode, args) | predicted
 
 
 def _label(case: dict[str, Any], mode: str) -> str:
@@ -159,6 +250,8 @@ def markdown_table(results: list[dict[str, Any]], baseline: str,
 
 
 def report(name: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    if name == 'scale':
+        return scale.report(results, meta)
     _, baseline = SUITES[name]
     first = results[0]['case']
     fixed = ', '.join(f'{k}={first[k]}'
@@ -196,38 +289,64 @@ def main(argv: list[str] | None = None) -> None:
            for i, arg in enumerate(argv)):
         from benchmarks.gpu_cases import main as gpu_main
         return gpu_main(argv)
-    parser.add_argument('--suite', choices=['sparse', 'dense', 'all', 'gpu'],
+    parser.add_argument('--suite',
+                        choices=['sparse', 'dense', 'scale', 'all', 'gpu'],
                         default='all', help="'gpu': see benchmarks/gpu_cases.py "
-                        '(its own options; not part of all)')
-    parser.add_argument('--quick', action='store_true',
-                        help='a small grid (sparse: 1k/10k nodes, degree 20, '
-                             '4 heads; dense: L in {256, 1024})')
+                        "(its own options; not part of all); 'scale': see "
+                        'benchmarks/scale.py (not part of all)')
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument('--quick', action='store_true',
+                      help='a small grid (sparse: 1k/10k nodes, degree 20, '
+                           '4 heads; dense: L in {256, 1024}; scale: 200k and '
+                           '2M edges)')
+    size.add_argument('--tiny', action='store_true',
+                      help='scale: toy graphs that run in seconds (tests)')
     parser.add_argument('--lengths', type=int, nargs='+', default=None,
                         help='dense: only these sequence lengths')
+    parser.add_argument('--edges', type=int, nargs='+', default=None,
+                        help='scale: only the graphs of these edge counts')
+    parser.add_argument('--graphs', nargs='+', default=None,
+                        choices=GRAPH_KINDS,
+                        help='scale: only these kinds of graph')
     parser.add_argument('--variants', nargs='+', default=None,
                         help='only these variants (and the baseline)')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks' / 'results')
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--repeats', type=int, default=None,
+                        help='timed steps per cell after a warm-up (default: '
+                             '5; scale: 2)')
     parser.add_argument('--timeout', type=float, default=900.0,
                         help='seconds per (case, mode) process')
     parser.add_argument('--memory-gib', type=float, default=14.0,
                         help='address-space cap per process (CPU)')
+    parser.add_argument('--skip-over-cap', type=float, default=3.0,
+                        help='scale: skip a cell predicted to need this many '
+                             'times the cap (default 3)')
+    parser.add_argument('--memory-wait', type=float, default=1800.0,
+                        help='scale: seconds to wait for the memory a cell is '
+                             'predicted to need before skipping it')
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the ok, OOM and timeout results in '
+                             'OUT/SUITE.json and run only the rest')
     parser.add_argument('--lock', default=None,
                         help='flock this file around each group of cases')
     args = parser.parse_args(argv)
+    args.size = 'tiny' if args.tiny else 'quick' if args.quick else 'full'
     suites = ['sparse', 'dense'] if args.suite == 'all' else [args.suite]
+    if args.tiny and suites != ['scale']:
+        parser.error('--tiny is a size of the scale suite only')
+    repeats = args.repeats
     for name in suites:
-        start = time.perf_counter()
-        results = run_suite(name, args)
-        meta = dict(command='python -m benchmarks.run ' + ' '.join(
-                        argv if argv is not None else sys.argv[1:]),
+        args.repeats = REPEATS[name] if repeats is None else repeats
+        meta = dict(command='python -m benchmarks.run ' + ' '.join(argv),
                     machine=machine(), torch=torch.__version__,
                     torch_geometric=torch_geometric.__version__,
                     python=platform.python_version(), threads=args.threads,
                     device=args.device, date=date.today().isoformat(),
-                    wall_min=(time.perf_counter() - start) / 60)
+                    repeats=args.repeats, memory_gib=args.memory_gib,
+                    timeout=args.timeout)
+        results = run_suite(name, args, meta)
         atomic_write_json(args.out / f'{name}.json',
                           dict(meta=meta, results=results))
         table = report(name, results, meta)

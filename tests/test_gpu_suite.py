@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_cases
+from benchmarks.graphs import power_law_edge_index
 from benchmarks.run import main as run_main
 
 
@@ -69,13 +70,13 @@ def test_the_full_plan_runs_the_targets_first():
 
 
 def test_power_law_graph_has_hubs_and_is_deterministic():
-    edge_index = gpu_cases.power_law_edge_index(2000, 40_000, torch.device('cpu'))
+    edge_index = power_law_edge_index(2000, 40_000, torch.device('cpu'))
     assert edge_index.shape == (2, 40_000)
     assert 0 <= int(edge_index.min()) and int(edge_index.max()) < 2000
     in_degree = torch.bincount(edge_index[1], minlength=2000)
     assert int(in_degree.max()) > 20 * 40_000 / 2000  # hubs ...
     assert int((in_degree == 0).sum()) > 0  # ... and leaves without edges
-    assert torch.equal(edge_index, gpu_cases.power_law_edge_index(
+    assert torch.equal(edge_index, power_law_edge_index(
         2000, 40_000, torch.device('cpu')))
 
 
