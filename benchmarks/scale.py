@@ -279,6 +279,9 @@ def plot(results: list[dict[str, Any]], path: Path, cap_gib: float) -> None:
                        (speed, 'time per fwd+bwd step, ns per edge')):
         axes.set_xscale('log')
         axes.set_yscale('log')
+        axes.set_xticks(edges, [short(e) for e in edges])
+        axes.tick_params(axis='x', which='minor', bottom=False,
+                         labelbottom=False)
         axes.set_xlabel('edges')
         axes.set_ylabel(unit)
         axes.grid(True, which='both', alpha=0.3)

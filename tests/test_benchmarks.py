@@ -79,3 +79,133 @@ def test_targets_table_marks_met_and_missed_bounds():
             '**no** |') in lines
     assert any(line.startswith('| l2-fused fwd+bwd time / GATConv | not measured')
                for line in lines)
+
+
+# ------------------------------------------------------------- scale suite
+
+def scale_result(variant, edges, status='ok', step_mib=100.0, seconds=1.0,
+                 graph='uniform', **extra):
+    case = dict(suite='scale', variant=variant, graph=graph,
+                nodes=edges // 20, edges=edges, heads=4, channels=64)
+    result = dict(case=case, mode='forward_backward', status=status,
+                  memory_cap_gib=14.0, timeout_s=900.0, **extra)
+    if status == 'ok':
+        result.update(median_s=seconds, baseline_mib=400.0,
+                      peak_mib=400.0 + step_mib, peak_over_baseline_mib=step_mib)
+    return result
+
+
+def test_scale_suite_measures_a_tiny_cell_and_resumes(tmp_path):
+    import json
+
+    from benchmarks.run import main
+    # An earlier run measured GATConv: --resume keeps it, runs metric-fused.
+    earlier = scale_result('GATConv', 1_000, step_mib=7.0)
+    earlier['case'].update(nodes=100)
+    (tmp_path / 'scale.json').write_text(json.dumps(dict(
+        meta=dict(command='earlier', date='d', wall_min=1.0),
+        results=[earlier])))
+    main(['--suite', 'scale', '--tiny', '--edges', '1000', '--graphs',
+          'uniform', '--threads', '1', '--resume', '--out', str(tmp_path)])
+    data = json.loads((tmp_path / 'scale.json').read_text())
+    gat, metric = data['results']
+    assert gat == earlier
+    assert metric['case']['variant'] == 'metric-fused'
+    assert metric['status'] == 'ok' and metric['peak_reset'], metric
+    assert metric['peak_over_baseline_mib'] > 0 and len(metric['times_s']) >= 2
+    assert metric['memory_cap_gib'] == 14.0
+    assert data['meta']['earlier_runs'][0]['command'] == 'earlier'
+    table = (tmp_path / 'scale.md').read_text()
+    assert '| uniform | 100 / 1k | GATConv | ok | 7 | 0.40 | 7340 |' in table
+    assert '| uniform | 100 / 1k | metric-fused | ok |' in table
+
+
+def test_scale_plan_predicts_and_skips():
+    from benchmarks.scale import plan
+    done = [scale_result('GATConv', 2_000_000, step_mib=3200.0),
+            scale_result('metric-fused', 2_000_000, step_mib=1300.0)]
+    big = scale_result('GATConv', 20_000_000)['case']
+    cell = plan(big, done, cap_gib=14.0, timeout_s=900.0, skip_over_cap=3.0)
+    # 10x the step memory, plus 18M x 16 B of edges and 900k x 256 B of
+    # features more than at 2M edges.
+    assert cell['skip'] is None
+    assert abs(cell['predicted_mib'] - (400 + 32000 + 274.7 + 219.7)) < 1
+    assert cell['basis'] == '1678 B/edge at 2M edges'
+    assert plan(big, done, 14.0, 900.0, 2.0)['skip'].startswith('predicted 32 GiB')
+    # Out of memory at 20M edges: 50M is not tried under the same cap ...
+    done.append(scale_result('GATConv', 20_000_000, status='OOM'))
+    huge = scale_result('GATConv', 50_000_000)['case']
+    assert plan(huge, done, 14.0, 900.0, 3.0)['skip'] == (
+        'OOM at 20M edges (over the 14 GiB cap)')
+    # ... but is under a larger one (predicted from 2M: 80 GiB, under 5 x
+    # 20); other layers and graphs are unaffected.
+    assert plan(huge, done, 20.0, 900.0, 5.0)['skip'] is None
+    metric = scale_result('metric-fused', 50_000_000)['case']
+    assert plan(metric, done, 14.0, 900.0, 3.0)['skip'] is None
+    power_law = scale_result('GATConv', 50_000_000, graph='power-law')['case']
+    assert plan(power_law, done, 14.0, 900.0, 3.0) == dict(
+        skip=None, predicted_mib=None, basis='')
+
+
+def test_scale_report_states_the_goals_and_plots(tmp_path):
+    from benchmarks.scale import goals, plot, report
+    results = []
+    for graph in ('uniform', 'power-law'):
+        results += [
+            scale_result('GATConv', 2_000_000, graph=graph, step_mib=3200.0,
+                         seconds=14.0),
+            scale_result('metric-fused', 2_000_000, graph=graph,
+                         step_mib=1300.0, seconds=9.0),
+            scale_result('GATConv', 20_000_000, graph=graph, status='OOM'),
+            scale_result('metric-fused', 20_000_000, graph=graph,
+                         step_mib=13000.0, seconds=100.0),
+            scale_result('GATConv', 50_000_000, graph=graph, status='skipped',
+                         error='OOM at 20M edges (over the 14 GiB cap)'),
+            scale_result('metric-fused', 50_000_000, graph=graph,
+                         step_mib=13000.0, seconds=300.0 if graph == 'uniform'
+                         else 200.0)]
+    rows = {goal: (measured, met) for goal, measured, met in goals(results)}
+    trains = rows['uniform 20M: metric-fused trains full batch, GATConv cannot '
+                  'or needs >= 5x the memory']
+    assert trains[1] and 'GATConv: OOM (> 14 GiB cap)' in trains[0]
+    # 300 s / 50M against 9 s / 2M: 1.33x per edge; 200 s: 0.89x.
+    assert rows['uniform metric-fused: ns/edge at 50M within 1.5x of 2M'] == (
+        '1.33x', True)
+    assert rows['power-law GATConv: ns/edge at 50M within 1.5x of 2M'][1] is False
+    meta = dict(machine='m', torch='t', torch_geometric='g', threads=2,
+                memory_gib=14.0, timeout=900.0, command='c', date='d',
+                wall_min=1.0)
+    text = report(results, meta)
+    assert '| uniform | 1M / 20M | GATConv | OOM (> 14 GiB cap) |' in text
+    assert '| uniform | metric-fused | 682 | 682 | 273 | 0.40x | 0.40x |' in text
+    plot(results, tmp_path / 'scale.png', 14.0)
+    assert (tmp_path / 'scale.png').stat().st_size > 10_000
+
+
+def test_peak_memory_is_reset_after_the_inputs():
+    import resource
+
+    import torch
+
+    from benchmarks.measure import current_rss_mib, reset_peak_rss
+    big = torch.ones(2**27)  # 512 MiB
+    del big
+    assert reset_peak_rss()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert peak < current_rss_mib() + 256
+
+
+def test_scale_graphs_are_int64_in_range_and_seeded():
+    import torch
+
+    from benchmarks.cases import TwoLayerNet
+    from benchmarks.graphs import make_graph
+    for kind in ('uniform', 'power-law'):
+        edge_index = make_graph(kind, 300, 5_000, torch.device('cpu'))
+        assert edge_index.dtype == torch.long and edge_index.shape == (2, 5_000)
+        assert 0 <= int(edge_index.min()) and int(edge_index.max()) < 300
+        assert torch.equal(edge_index,
+                           make_graph(kind, 300, 5_000, torch.device('cpu')))
+    model = TwoLayerNet('metric-fused', 8, 4)
+    assert model(torch.randn(300, 8), edge_index).shape == (300, 8)
+
