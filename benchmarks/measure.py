@@ -88,8 +88,17 @@ def measure(case: dict, mode: str, device: torch.device, repeats: int,
 def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, MemoryError | torch.OutOfMemoryError):
         return True
-    text = str(error).lower()
-    return 'allocate' in text or 'out of memory' in text
+    return reads_out_of_memory(str(error))
+
+
+def reads_out_of_memory(text: str) -> bool:
+    """An error message of a failed allocation: torch's CPU allocator
+    ("can't allocate memory"), CUDA's "out of memory", Python's MemoryError
+    and C++'s ``std::bad_alloc`` (which torch raises as a RuntimeError when
+    an allocation fails under an address-space cap)."""
+    text = text.lower()
+    return any(words in text for words in (
+        'allocate', 'out of memory', 'memoryerror', 'bad_alloc'))
 
 
 def main(argv: list[str] | None = None) -> None:

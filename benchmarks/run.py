@@ -53,6 +53,7 @@ from benchmarks.cases import (
     sparse_cases,
 )
 from benchmarks.graphs import GRAPH_KINDS
+from benchmarks.measure import reads_out_of_memory
 from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
 
 SUITES = {'sparse': (sparse_cases, SPARSE_BASELINE),
@@ -92,8 +93,7 @@ def run_one(case: dict[str, Any], mode: str, args: argparse.Namespace) -> dict:
                  f'of memory, not necessarily the cap): {error}')
     # A process killed by the memory cap (or the kernel) or failing to
     # allocate under it is out of memory; anything else is a real failure.
-    out_of_memory = done.returncode < 0 or 'memory' in error.lower() or \
-        'allocate' in error.lower()
+    out_of_memory = done.returncode < 0 or reads_out_of_memory(error)
     return dict(mode=mode, status='OOM' if out_of_memory else 'error',
                 error=error[:300], wall_s=wall, **limits)
 

@@ -209,3 +209,12 @@ def test_scale_graphs_are_int64_in_range_and_seeded():
     model = TwoLayerNet('metric-fused', 8, 4)
     assert model(torch.randn(300, 8), edge_index).shape == (300, 8)
 
+
+def test_a_failed_allocation_under_the_cap_is_out_of_memory():
+    # Under RLIMIT_AS torch's CPU allocator can fail with std::bad_alloc
+    # (seen at 20M edges), a RuntimeError that names no memory.
+    from benchmarks.measure import is_out_of_memory, reads_out_of_memory
+    assert is_out_of_memory(RuntimeError('std::bad_alloc'))
+    assert reads_out_of_memory('RuntimeError: std::bad_alloc')
+    assert reads_out_of_memory('MemoryError')
+    assert not reads_out_of_memory('RuntimeError: memory format mismatch')
