@@ -3,7 +3,9 @@
     python -m benchmarks.measure '{"suite": "sparse", ...}' forward --threads 2
 
 A warm-up run, then at least ``--repeats`` timed runs (more for fast steps,
-up to about ``--min-time`` seconds); the median wall time. Memory: the peak
+up to about ``--min-time`` seconds); the median wall time, and the median CPU
+time of the process (all its threads), which other processes on the machine
+inflate far less than the wall time. Memory: the peak
 resident set size (``getrusage``) and the peak over the resident size after
 imports and inputs (what the step itself adds), or
 ``torch.cuda.max_memory_allocated`` on a GPU. On Linux the peak is reset once
@@ -52,16 +54,19 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_step(step, device: torch.device, repeats: int,
-              min_time: float) -> list[float]:
+              min_time: float) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each timed run (after a warm-up run)."""
     step()  # warm-up
     synchronize(device)
     times: list[float] = []
+    cpu_times: list[float] = []
     while len(times) < repeats or (sum(times) < min_time and len(times) < 50):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step()
         synchronize(device)
         times.append(time.perf_counter() - start)
-    return times
+        cpu_times.append(time.process_time() - cpu_start)
+    return times, cpu_times
 
 
 def measure(case: dict, mode: str, device: torch.device, repeats: int,
@@ -74,12 +79,13 @@ def measure(case: dict, mode: str, device: torch.device, repeats: int,
     else:
         result['peak_reset'] = reset_peak_rss()
         baseline = current_rss_mib()
-    times = time_step(step, device, repeats, min_time)
+    times, cpu_times = time_step(step, device, repeats, min_time)
     if device.type == 'cuda':
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = peak_rss_mib()
     result.update(times_s=times, median_s=statistics.median(times),
+                  cpu_times_s=cpu_times, median_cpu_s=statistics.median(cpu_times),
                   peak_mib=peak, baseline_mib=baseline,
                   peak_over_baseline_mib=peak - baseline)
     return result
