@@ -135,7 +135,7 @@ def run_suite(name: str, args: argparse.Namespace,
     """Measure the suite's selected cases; ``DIR/NAME.json`` holds ``meta``
     and every result so far after each cell (with ``--resume``, also the
     results of earlier runs: those of :data:`FINAL_STATUSES` are kept and
-    not measured again)."""
+    not measured again unless ``--remeasure``)."""
     make_cases, baseline = SUITES[name]
     every_case = make_cases(args.size)
     cases = [case for case in every_case
@@ -168,7 +168,8 @@ def run_suite(name: str, args: argparse.Namespace,
                     key = result_key(case, mode)
                     bar.set_postfix_str(_label(case, mode))
                     old = by_key.get(key)
-                    if old is None or old['status'] not in FINAL_STATUSES:
+                    if args.remeasure or old is None or \
+                            old['status'] not in FINAL_STATUSES:
                         by_key[key] = dict(case=case, **_run_cell(
                             name, case, mode, ordered(), args))
                         meta['wall_min'] = (time.perf_counter() - start) / 60
@@ -329,6 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--resume', action='store_true',
                         help='keep the ok, OOM and timeout results in '
                              'OUT/SUITE.json and run only the rest')
+    parser.add_argument('--remeasure', action='store_true',
+                        help='with --resume: measure the selected cells again '
+                             'even where a result is kept')
     parser.add_argument('--lock', default=None,
                         help='flock this file around each group of cases')
     args = parser.parse_args(argv)

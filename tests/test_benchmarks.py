@@ -122,6 +122,34 @@ def test_scale_suite_measures_a_tiny_cell_and_resumes(tmp_path):
     assert '| uniform | 100 / 1k | metric-fused | ok |' in table
 
 
+def test_resume_keeps_final_results_and_remeasure_redoes_them(tmp_path,
+                                                              monkeypatch):
+    import json
+
+    from benchmarks import run
+    measured = []
+
+    def fake_run_one(case, mode, args):
+        measured.append((case['variant'], case['edges']))
+        status = 'error' if case['variant'] == 'GATConv' and len(measured) < 3 \
+            else 'ok'
+        return dict(mode=mode, status=status, median_s=1.0, baseline_mib=400.0,
+                    peak_mib=410.0, peak_over_baseline_mib=10.0)
+
+    monkeypatch.setattr(run, 'run_one', fake_run_one)
+    command = ['--suite', 'scale', '--tiny', '--graphs', 'uniform', '--out',
+               str(tmp_path)]
+    run.main(command)
+    assert len(measured) == 4  # 2 sizes x 2 layers; GATConv failed at 1k
+    run.main(command + ['--resume'])  # only the error is measured again
+    assert measured[4:] == [('GATConv', 1_000)]
+    run.main(command + ['--resume', '--edges', '2000', '--remeasure'])
+    assert measured[5:] == [('GATConv', 2_000), ('metric-fused', 2_000)]
+    data = json.loads((tmp_path / 'scale.json').read_text())
+    assert [r['status'] for r in data['results']] == ['ok'] * 4
+    assert len(data['meta']['earlier_runs']) == 2
+
+
 def test_scale_plan_predicts_and_skips():
     from benchmarks.scale import plan
     done = [scale_result('GATConv', 2_000_000, step_mib=3200.0),
