@@ -168,7 +168,9 @@ def run_suite(name: str, args: argparse.Namespace,
                     key = result_key(case, mode)
                     bar.set_postfix_str(_label(case, mode))
                     old = by_key.get(key)
-                    if args.remeasure or old is None or \
+                    again = args.remeasure is not None and (
+                        not args.remeasure or case['variant'] in args.remeasure)
+                    if again or old is None or \
                             old['status'] not in FINAL_STATUSES:
                         by_key[key] = dict(case=case, **_run_cell(
                             name, case, mode, ordered(), args))
@@ -330,9 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--resume', action='store_true',
                         help='keep the ok, OOM and timeout results in '
                              'OUT/SUITE.json and run only the rest')
-    parser.add_argument('--remeasure', action='store_true',
+    parser.add_argument('--remeasure', nargs='*', default=None,
+                        metavar='VARIANT',
                         help='with --resume: measure the selected cells again '
-                             'even where a result is kept')
+                             'even where a result is kept (only those of these '
+                             'variants, if named)')
     parser.add_argument('--lock', default=None,
                         help='flock this file around each group of cases')
     args = parser.parse_args(argv)

@@ -145,9 +145,11 @@ def test_resume_keeps_final_results_and_remeasure_redoes_them(tmp_path,
     assert measured[4:] == [('GATConv', 1_000)]
     run.main(command + ['--resume', '--edges', '2000', '--remeasure'])
     assert measured[5:] == [('GATConv', 2_000), ('metric-fused', 2_000)]
+    run.main(command + ['--resume', '--remeasure', 'metric-fused'])
+    assert measured[7:] == [('metric-fused', 1_000), ('metric-fused', 2_000)]
     data = json.loads((tmp_path / 'scale.json').read_text())
     assert [r['status'] for r in data['results']] == ['ok'] * 4
-    assert len(data['meta']['earlier_runs']) == 2
+    assert len(data['meta']['earlier_runs']) == 3
 
 
 def test_scale_plan_predicts_and_skips():
