@@ -152,7 +152,8 @@ def run_suite(name: str, args: argparse.Namespace,
         by_key = {result_key(r['case'], r['mode']): r
                   for r in earlier['results']}
         meta['earlier_runs'] = earlier['meta'].get('earlier_runs', []) + [
-            {k: earlier['meta'][k] for k in ('command', 'date', 'wall_min')}]
+            {k: earlier['meta'].get(k) for k in ('command', 'commit', 'date',
+                                                 'wall_min')}]
     order = {result_key(case, mode): i for i, (case, mode) in enumerate(
         itertools.product(every_case, modes))}
     start = time.perf_counter()
@@ -172,8 +173,9 @@ def run_suite(name: str, args: argparse.Namespace,
                         not args.remeasure or case['variant'] in args.remeasure)
                     if again or old is None or \
                             old['status'] not in FINAL_STATUSES:
-                        by_key[key] = dict(case=case, **_run_cell(
-                            name, case, mode, ordered(), args))
+                        by_key[key] = dict(case=case, commit=meta['commit'],
+                                           **_run_cell(name, case, mode,
+                                                       ordered(), args))
                         meta['wall_min'] = (time.perf_counter() - start) / 60
                         args.out.mkdir(parents=True, exist_ok=True)
                         atomic_write_json(path, dict(meta=meta,
@@ -274,6 +276,19 @@ def report(name: str, results: list[dict[str, Any]], meta: dict[str, Any]) -> st
     ]) + '\n'
 
 
+def git_commit() -> str:
+    """The checkout's commit (``+`` where tracked files differ from it)."""
+    def git(*command: str) -> str:
+        return subprocess.run(['git', *command], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    with contextlib.suppress(OSError):
+        commit = git('rev-parse', '--short', 'HEAD')
+        if commit:
+            return commit + ('+' if git('status', '--porcelain',
+                                        '--untracked-files=no') else '')
+    return 'unknown'
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -348,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in suites:
         args.repeats = REPEATS[name] if repeats is None else repeats
         meta = dict(command='python -m benchmarks.run ' + ' '.join(argv),
-                    machine=machine(), torch=torch.__version__,
+                    commit=git_commit(), machine=machine(), torch=torch.__version__,
                     torch_geometric=torch_geometric.__version__,
                     python=platform.python_version(), threads=args.threads,
                     device=args.device, date=date.today().isoformat(),

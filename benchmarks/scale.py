@@ -192,7 +192,11 @@ def growth_table(results: list[dict[str, Any]], key, digits: int = 0) -> str:
 
 
 def goals(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
-    """``(goal, measured, met)`` rows of the issue's two goals per graph."""
+    """``(goal, measured, met)`` rows of the issue's two goals per graph:
+    the metric layer trains :data:`TRAIN_EDGES` full batch while GATConv
+    cannot (or needs >= 5x the memory), and its time per edge stays within
+    1.5x between :data:`FLAT_EDGES` (wall and CPU time; where the larger
+    graph did not run, the ratio at the largest graph that did is shown)."""
     rows = []
     metric = next(v for v in SCALE_VARIANTS if v != SCALE_BASELINE)
     for graph in GRAPH_KINDS:
@@ -207,26 +211,39 @@ def goals(results: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
             rows.append((goal, f'both ran; {SCALE_BASELINE} / {metric} step '
                                f'memory {ratio:.1f}x', ratio >= 5))
         elif gat is not None and gat['status'] in ('OOM', 'skipped'):
-            rows.append((goal, f"{metric} ran in {ours['peak_mib'] / 1024:.1f} "
-                               f'GiB (process peak); {SCALE_BASELINE}: '
-                               f'{_status(gat)}', True))
+            measured = (f"{metric} ran in {ours['peak_mib'] / 1024:.1f} GiB "
+                        f'(process peak); {SCALE_BASELINE}: {_status(gat)}')
+            if gat.get('predicted_mib'):
+                measured += (f", predicted {gat['predicted_mib'] / 1024:.1f} "
+                             f"GiB ({gat['prediction_basis']}: "
+                             f"{gat['predicted_mib'] / ours['peak_mib']:.1f}x)")
+            rows.append((goal, measured, True))
         else:
             rows.append((goal, f'{SCALE_BASELINE}: {_status(gat)}', False))
         low, high = FLAT_EDGES
-        for variant in SCALE_VARIANTS:
-            a, b = (_find(results, variant, graph, e) for e in (low, high))
-            for clock, key in (('wall', ns_per_edge), ('CPU', cpu_ns_per_edge)):
-                goal = (f'{graph} {variant}: {clock} ns/edge at {short(high)} '
-                        f'within 1.5x of {short(low)}')
-                if a is None or b is None or not a['status'] == 'ok' == \
-                        b['status']:
-                    rows.append((goal, f'{short(low)}: {_status(a)}; '
-                                       f'{short(high)}: {_status(b)}', False))
-                elif key(a) is None or key(b) is None:
-                    rows.append((goal, 'not timed', False))
-                else:
-                    ratio = key(b) / key(a)
-                    rows.append((goal, f'{ratio:.2f}x', ratio <= 1.5))
+        first = _find(results, metric, graph, low)
+        timed = sorted((r for r in results if r['case']['variant'] == metric
+                        and r['case']['graph'] == graph
+                        and low < r['case']['edges'] <= high
+                        and r['status'] == 'ok'), key=lambda r: r['case']['edges'])
+        for clock, key in (('wall', ns_per_edge), ('CPU', cpu_ns_per_edge)):
+            goal = (f'{graph} {metric}: {clock} ns/edge at {short(high)} within '
+                    f'1.5x of {short(low)}')
+            if first is None or first['status'] != 'ok' or key(first) is None:
+                rows.append((goal, f'{short(low)}: {_status(first)}', False))
+                continue
+            last = next((r for r in reversed(timed) if key(r) is not None), None)
+            if last is None:
+                rows.append((goal, 'no larger graph timed', False))
+                continue
+            ratio = key(last) / key(first)
+            if last['case']['edges'] == high:
+                rows.append((goal, f'{ratio:.2f}x', ratio <= 1.5))
+            else:
+                big = _find(results, metric, graph, high)
+                rows.append((goal, f'{short(high)}: {_status(big)}; '
+                                   f"{short(last['case']['edges'])} / "
+                                   f'{short(low)}: {ratio:.2f}x', False))
     return rows
 
 
@@ -234,7 +251,9 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     first = results[0]['case']
     runs = meta.get('earlier_runs', []) + [meta]
     commands = '\n'.join(f"- `{run['command']}` ({run['date']}, "
-                         f"{run['wall_min']:.1f} min)" for run in runs)
+                         f"{run['wall_min']:.1f} min, commit "
+                         f"{run.get('commit') or 'not recorded'})"
+                         for run in runs)
     return '\n\n'.join([
         f"## scale suite (TwoLayerNet: {first['channels']} channels, "
         f"{first['heads']} heads; forward + backward)",

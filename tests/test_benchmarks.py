@@ -149,6 +149,9 @@ def test_resume_keeps_final_results_and_remeasure_redoes_them(tmp_path,
     assert measured[7:] == [('metric-fused', 1_000), ('metric-fused', 2_000)]
     data = json.loads((tmp_path / 'scale.json').read_text())
     assert [r['status'] for r in data['results']] == ['ok'] * 4
+    # Each cell names the code it measured.
+    assert {r['commit'] for r in data['results']} == {data['meta']['commit']}
+    assert data['meta']['commit'] not in ('', 'unknown')
     assert len(data['meta']['earlier_runs']) == 3
 
 
@@ -188,7 +191,9 @@ def test_scale_report_states_the_goals_and_plots(tmp_path):
                          seconds=14.0),
             scale_result('metric-fused', 2_000_000, graph=graph,
                          step_mib=1300.0, seconds=9.0),
-            scale_result('GATConv', 20_000_000, graph=graph, status='OOM'),
+            scale_result('GATConv', 20_000_000, graph=graph, status='OOM',
+                         predicted_mib=32768.0,
+                         prediction_basis='1678 B/edge at 2M edges'),
             scale_result('metric-fused', 20_000_000, graph=graph,
                          step_mib=13000.0, seconds=100.0),
             scale_result('GATConv', 50_000_000, graph=graph, status='skipped',
@@ -199,14 +204,20 @@ def test_scale_report_states_the_goals_and_plots(tmp_path):
     rows = {goal: (measured, met) for goal, measured, met in goals(results)}
     trains = rows['uniform 20M: metric-fused trains full batch, GATConv cannot '
                   'or needs >= 5x the memory']
-    assert trains[1] and 'GATConv: OOM (> 14 GiB cap)' in trains[0]
+    assert trains[1] and trains[0].endswith(
+        'GATConv: OOM (> 14 GiB cap), predicted 32.0 GiB (1678 B/edge at 2M '
+        'edges: 2.4x)')
     # 300 s / 50M against 9 s / 2M: 1.33x per edge; 200 s: 0.89x.
     assert rows['uniform metric-fused: wall ns/edge at 50M within 1.5x of '
                 '2M'] == ('1.33x', True)
     assert rows['uniform metric-fused: CPU ns/edge at 50M within 1.5x of '
                 '2M'] == ('1.33x', True)
-    assert rows['power-law GATConv: wall ns/edge at 50M within 1.5x of '
-                '2M'][1] is False
+    # Where 50M did not run, the goal is not met; 20M / 2M is shown.
+    results[-1] = scale_result('metric-fused', 50_000_000, graph='power-law',
+                               status='OOM')
+    rows = {goal: (measured, met) for goal, measured, met in goals(results)}
+    assert rows['power-law metric-fused: CPU ns/edge at 50M within 1.5x of '
+                '2M'] == ('50M: OOM (> 14 GiB cap); 20M / 2M: 1.11x', False)
     meta = dict(machine='m', torch='t', torch_geometric='g', threads=2,
                 memory_gib=14.0, timeout=900.0, command='c', date='d',
                 wall_min=1.0)
