@@ -1,32 +1,36 @@
 # Set-up and entry points. Every target creates .venv if it is missing and
 # installs torch==2.13.0 first (so pip never resolves a newer, CUDA-laden torch),
-# then this project with its extras.
+# then this project with the extras it needs: `make demo` [experiments] (which
+# includes [mesh]), `make test` also [dev] and [gpu] and [sampling].
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
-EXTRAS ?= dev,gpu
 comma := ,
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+DEMO_EXTRAS := experiments
+TEST_EXTRAS := dev,gpu,experiments
+EXTRAS ?= $(TEST_EXTRAS)
+# One stamp per set of extras, e.g. .venv/.installed-dev-gpu-experiments.
+stamp = $(VENV)/.installed-$(subst $(comma),-,$(1))
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-core lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -e '.[$(subst -,$(comma),$*)]'
 	touch $@
 
-install: $(STAMP)
+install: $(call stamp,$(EXTRAS))
 
 # The [sampling] extra (torch-scatter, torch-sparse: NeighborLoader, SparseTensor
 # inputs) builds from source against the installed torch, so without build
 # isolation (which would fetch another torch); about 6 min each the first time,
 # then pip's wheel cache.
 SAMPLING_STAMP := $(VENV)/.installed-sampling
-$(SAMPLING_STAMP): $(STAMP)
+$(SAMPLING_STAMP): $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -m pip install --no-build-isolation torch-scatter torch-sparse
 	touch $@
 
@@ -38,7 +42,7 @@ $(SAMPLING_STAMP): $(STAMP)
 ## 3 seeds, 20 epochs (about 50 min in one process on 2 CPU cores).
 ROOT ?=
 DEMO_FLAGS := --threads 1 experiment human_seg
-demo: install
+demo: $(call stamp,$(DEMO_EXTRAS))
 ifeq ($(ROOT),)
 	$(BIN)/pyg-metric-attn $(DEMO_FLAGS) --attention metricformer,metric,gat \
 		--seeds 1 --epochs 20 --out runs/human_seg_demo \
@@ -54,13 +58,27 @@ else
 endif
 
 ## Lint and the test suite, with the optional torch-scatter/torch-sparse and
-## triton installed (Triton kernels run in its interpreter without a GPU).
-test: install $(SAMPLING_STAMP)
+## triton installed (Triton kernels run in its interpreter without a GPU). The
+## suite also runs the core tests (tests/core) with every extra hidden.
+test: $(call stamp,$(TEST_EXTRAS)) $(SAMPLING_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-lint: install
+## The core tests in a venv that has only the core install (torch,
+## torch-geometric, numpy, scipy, tqdm): pyg_metric_attn, its layers and models
+## import and work. Not part of `make test`: building the venv takes minutes.
+CORE_VENV ?= .venv-core
+$(CORE_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install torch==$(TORCH_VERSION)
+	$(CORE_VENV)/bin/python -m pip install -e . pytest
+	touch $@
+
+test-core: $(CORE_VENV)/.installed
+	PYG_METRIC_ATTN_CORE_ONLY=1 $(CORE_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/core
+
+lint: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CORE_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -10,14 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
-from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
 from pyg_metric_attn.geometry.mesh import face_normals
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('experiments'):
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+    from mpl_toolkits.mplot3d.art3d import Poly3DCollection
 
 
 def file_figure(**kwargs: Any) -> Figure:

@@ -1,19 +1,41 @@
 """Data sets: the human segmentation benchmark, any folder of meshes,
 procedural humanoids, MNIST (IDX files), Multi30k with its subword
-tokenizer, and a synthetic node-classification graph (stochastic block model)."""
-from pyg_metric_attn.datasets.batching import bucket_batches, pad_sequences
-from pyg_metric_attn.datasets.human_segmentation import HumanSegmentation
-from pyg_metric_attn.datasets.idx import IDXFormatError, read_idx
-from pyg_metric_attn.datasets.mesh_dataset import MeshDataset, majority_label, mesh_data
-from pyg_metric_attn.datasets.mesh_folder import MeshFolder
-from pyg_metric_attn.datasets.mnist import MNIST
-from pyg_metric_attn.datasets.multi30k import Multi30k
-from pyg_metric_attn.datasets.stochastic_block import stochastic_block_graph
-from pyg_metric_attn.datasets.subword import SPECIAL_TOKENS, SubwordTokenizer
-from pyg_metric_attn.datasets.synthetic_humans import BODY_PARTS, SyntheticHumans
+tokenizer, and a synthetic node-classification graph (stochastic block model).
 
-__all__ = ['BODY_PARTS', 'HumanSegmentation', 'IDXFormatError', 'MNIST',
-           'MeshDataset', 'MeshFolder', 'Multi30k', 'SPECIAL_TOKENS',
-           'SubwordTokenizer', 'SyntheticHumans', 'bucket_batches',
-           'majority_label', 'mesh_data', 'pad_sequences', 'read_idx',
-           'stochastic_block_graph']
+Names are imported on first use, so that each needs only its own extra: the
+mesh data sets need ``pyg-metric-attn[mesh]``, the subword tokenizer
+``[experiments]``; MNIST, Multi30k's text, batching and the stochastic block
+model need neither.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_MODULES = {
+    'bucket_batches': 'batching', 'pad_sequences': 'batching',
+    'HumanSegmentation': 'human_segmentation',
+    'IDXFormatError': 'idx', 'read_idx': 'idx',
+    'MeshDataset': 'mesh_dataset', 'majority_label': 'mesh_dataset',
+    'mesh_data': 'mesh_dataset',
+    'MeshFolder': 'mesh_folder',
+    'MNIST': 'mnist',
+    'Multi30k': 'multi30k',
+    'stochastic_block_graph': 'stochastic_block',
+    'SPECIAL_TOKENS': 'subword', 'SubwordTokenizer': 'subword',
+    'BODY_PARTS': 'synthetic_humans', 'SyntheticHumans': 'synthetic_humans',
+}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f'{__name__}.{_MODULES[name]}')
+    return getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULES))

@@ -29,7 +29,6 @@ from pyg_metric_attn.geometry.mesh import (
 from pyg_metric_attn.transforms.mesh_preprocessing import MeshPreprocessing
 from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
 
-NUM_BODY_PARTS = 8
 #: Worker processes start fresh: forked children of a process whose OpenMP
 #: runtime already runs threads can deadlock.
 SPAWN = multiprocessing.get_context('spawn')

@@ -4,10 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import trimesh
 
 from pyg_metric_attn.geometry.mesh import MeshError
 from pyg_metric_attn.utils.io import atomic_write_bytes
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('mesh'):
+    import trimesh
 
 MESH_EXTENSIONS = ('.obj', '.off', '.ply')
 #: Formats that store every triangle with its own three corners (no shared

@@ -7,10 +7,12 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-from tokenizers.trainers import BpeTrainer
-
 from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('experiments'):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
 
 #: Special tokens, in index order: padding, begin and end of sequence, unknown.
 SPECIAL_TOKENS = ('<pad>', '<bos>', '<eos>', '<unk>')

@@ -15,15 +15,18 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-import fast_simplification
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
-from skimage.measure import marching_cubes
 from tqdm.auto import tqdm
 
 from pyg_metric_attn.datasets.mesh_dataset import SPAWN, MeshDataset
 from pyg_metric_attn.geometry.mesh import edge_face_counts
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('mesh'):
+    import fast_simplification
+    from skimage.measure import marching_cubes
 
 #: The 8 labels in the order of their ids, the order of the human
 #: segmentation benchmark's parts 1..8 (see ``HumanSegmentation``).

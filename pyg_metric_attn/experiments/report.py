@@ -5,12 +5,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
+from pyg_metric_attn.utils.optional import needs_extra
 from pyg_metric_attn.visualization import file_figure
+
+with needs_extra('experiments'):
+    import matplotlib
 
 
 def summarise(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, Any]:

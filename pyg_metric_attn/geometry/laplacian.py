@@ -8,12 +8,15 @@ surface area), so :math:`L \phi = \lambda M \phi` approximates
 from __future__ import annotations
 
 import numpy as np
-import potpourri3d as pp3d
-import robust_laplacian
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from pyg_metric_attn.geometry.mesh import face_areas, is_edge_manifold
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('mesh'):
+    import potpourri3d as pp3d
+    import robust_laplacian
 
 LAPLACIANS = ('auto', 'cotan', 'robust')
 

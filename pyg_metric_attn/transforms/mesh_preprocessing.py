@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
@@ -24,6 +23,10 @@ from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
 )
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('mesh'):
+    from threadpoolctl import threadpool_limits
 
 
 class MeshPreprocessing(BaseTransform):

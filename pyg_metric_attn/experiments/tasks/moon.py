@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from sklearn.datasets import make_moons
 
 from pyg_metric_attn.experiments.config import setting
 from pyg_metric_attn.experiments.tasks.point_sets import PointSetConfig, PointSetTask
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('experiments'):
+    from sklearn.datasets import make_moons
 
 
 def moon_data(num_train: int = 400, num_test: int = 100, noise: float = 0.2,

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import sacrebleu
 import torch
 from tqdm.auto import tqdm
 
@@ -49,6 +48,10 @@ from pyg_metric_attn.training import (
     warmup_cosine,
 )
 from pyg_metric_attn.utils.io import atomic_write_text
+from pyg_metric_attn.utils.optional import needs_extra
+
+with needs_extra('experiments'):
+    import sacrebleu
 
 
 @dataclass(frozen=True)
