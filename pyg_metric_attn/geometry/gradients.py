@@ -15,13 +15,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from pyg_metric_attn.geometry.mesh import mesh_edges
+from pyg_metric_attn.geometry.mesh import face_cross_products, mesh_edges
 
 
 def vertex_normals(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
     """Area-weighted vertex normals (unit length; +z where they vanish)."""
-    cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],
-                     pos[face[:, 2]] - pos[face[:, 0]])
+    cross = face_cross_products(pos, face)
     normals = np.zeros_like(pos, dtype=np.float64)
     for corner in range(3):
         np.add.at(normals, face[:, corner], cross)

@@ -60,17 +60,21 @@ def renumber_mesh(pos: np.ndarray, face: np.ndarray,
     return pos[vertex_order], new_face, vertex_order, face_order
 
 
+def face_cross_products(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
+    r""":math:`(p_1 - p_0) \times (p_2 - p_0)` per face, ``[F, 3]``: the face
+    normal scaled by twice the area."""
+    return np.cross(pos[face[:, 1]] - pos[face[:, 0]],
+                    pos[face[:, 2]] - pos[face[:, 0]])
+
+
 def face_areas(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
     r"""Triangle areas :math:`\tfrac12 \|(p_1 - p_0) \times (p_2 - p_0)\|`."""
-    cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],
-                     pos[face[:, 2]] - pos[face[:, 0]])
-    return 0.5 * np.linalg.norm(cross, axis=1)
+    return 0.5 * np.linalg.norm(face_cross_products(pos, face), axis=1)
 
 
 def face_normals(pos: np.ndarray, face: np.ndarray) -> np.ndarray:
     """Unit face normals (zero for zero-area faces)."""
-    cross = np.cross(pos[face[:, 1]] - pos[face[:, 0]],
-                     pos[face[:, 2]] - pos[face[:, 0]])
+    cross = face_cross_products(pos, face)
     norm = np.linalg.norm(cross, axis=1, keepdims=True)
     return np.divide(cross, norm, out=np.zeros_like(cross), where=norm > 0)
 
