@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
+from torch_geometric.nn.dense import Linear as PyGLinear
 
 from pyg_metric_attn import MetricMultiheadAttention
 
@@ -21,7 +22,7 @@ def naive(mha: MetricMultiheadAttention, query, key, value, blocked=None):
     H, D = mha.num_heads, mha.head_dim
 
     def phi(module, u):
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, (torch.nn.Linear, PyGLinear)):  # 'dot', 'l2'
             out = u @ module.weight.T
             return out + module.bias if module.bias is not None else out
         hidden = torch.tanh(u @ module.hidden.weight.T + module.hidden.bias)

@@ -57,6 +57,7 @@ all intra-op worker threads (:mod:`pyg_metric_attn.utils.denormals`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -258,21 +259,34 @@ def _sdpa(query: Tensor, key: Tensor, value: Tensor, scale: float | Tensor,
     return flush_in_backward(out) if flush else out
 
 
+def merge_masks(masks: Sequence[Tensor | None],
+                dtype: torch.dtype) -> Tensor | None:
+    """SDPA masks (boolean: :obj:`True` = may attend; float: added to the
+    logits) as one, broadcast together: boolean where all are, else float
+    (``dtype``) with ``-inf`` where a boolean mask blocks; :obj:`None`
+    without any mask."""
+    masks = [mask for mask in masks if mask is not None]
+    if not masks:
+        return None
+    if all(mask.dtype == torch.bool for mask in masks):
+        allowed = masks[0]
+        for mask in masks[1:]:
+            allowed = allowed & mask
+        return allowed
+    total = torch.zeros((), dtype=dtype, device=masks[0].device)
+    blocked = torch.tensor(float('-inf'), dtype=dtype, device=total.device)
+    for mask in masks:
+        total = (torch.where(mask, total, blocked) if mask.dtype == torch.bool
+                 else total + mask.to(dtype))
+    return total
+
+
 def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,
                    num_queries: int, num_keys: int) -> Tensor:
     """Add the key bias to the user's mask (and the causal mask) as floats."""
-    mask = key_bias
-    blocked = torch.tensor(float('-inf'), dtype=mask.dtype, device=mask.device)
-    if is_causal:
-        causal = torch.ones(num_queries, num_keys, dtype=torch.bool,
-                            device=mask.device).tril()
-        mask = torch.where(causal, mask, blocked)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            mask = torch.where(attn_mask, mask, blocked)
-        else:
-            mask = mask + attn_mask.to(mask.dtype)
-    return mask
+    causal = (torch.ones(num_queries, num_keys, dtype=torch.bool,
+                         device=key_bias.device).tril() if is_causal else None)
+    return merge_masks([key_bias, causal, attn_mask], key_bias.dtype)
 
 
 def _explicit_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,

@@ -84,3 +84,13 @@ def tied_map(metric: str, in_channels: int, out_channels: int,
         return Linear(in_channels, out_channels, bias=False,
                       weight_initializer='glorot')
     raise ValueError(f"'{metric}' has no tied map")
+
+
+def embed_pair(first_map: torch.nn.Module, second_map: torch.nn.Module | None,
+               first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
+    """``(first_map(first), second_map(second))``; without ``second_map`` both
+    go through the tied ``first_map``, once where ``second is first``."""
+    z_first = first_map(first)
+    if second_map is not None:
+        return z_first, second_map(second)
+    return z_first, z_first if second is first else first_map(second)

@@ -19,7 +19,7 @@ from torch_geometric.utils import (
 )
 
 from pyg_metric_attn.nn.functional import dense_metric_attention
-from pyg_metric_attn.nn.pseudo_metric import check_metric, tied_map
+from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
 from pyg_metric_attn.nn.sparse_attention import (
     gathered_logits,
     sparse_metric_attention,
@@ -474,13 +474,7 @@ class MetricAttentionConv(MessagePassing):
     def _embed(self, x_src: Tensor, x_dst: Tensor) -> PairTensor:
         """Source and destination points in the metric space, ``[N, H, D]``."""
         shape = (-1, self.heads, self.metric_channels)
-        z_src = self.embed_src(x_src)
-        if self.embed_dst is not None:
-            z_dst = self.embed_dst(x_dst)
-        elif x_dst is x_src:
-            z_dst = z_src
-        else:
-            z_dst = self.embed_src(x_dst)
+        z_src, z_dst = embed_pair(self.embed_src, self.embed_dst, x_src, x_dst)
         # Logits in at least float32, also under float16/bfloat16 autocast.
         dtype = torch.promote_types(z_src.dtype, torch.float32)
         return z_src.to(dtype).view(shape), z_dst.to(dtype).view(shape)

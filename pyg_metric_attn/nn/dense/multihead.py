@@ -7,8 +7,8 @@ from torch import Tensor
 from torch.nn import Linear
 from torch_geometric.utils import to_dense_batch
 
-from pyg_metric_attn.nn.functional import dense_metric_attention
-from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP, check_metric
+from pyg_metric_attn.nn.functional import dense_metric_attention, merge_masks
+from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.point_sets import check_batch
 
@@ -81,18 +81,15 @@ class MetricMultiheadAttention(torch.nn.Module):
             self.query_map = Linear(embed_dim, embed_dim, bias=bias)
             self.key_map = Linear(self.kdim, embed_dim, bias=bias)
         else:
-            self.query_map = self._tied_map(embed_dim)
+            self.query_map = tied_map(self.metric, embed_dim, embed_dim,
+                                      self.mlp_channels)
             # None: keys share the query map (the metric case).
-            self.key_map = (self._tied_map(self.kdim)
+            self.key_map = (tied_map(self.metric, self.kdim, embed_dim,
+                                     self.mlp_channels)
                             if self.kdim != embed_dim else None)
         self.v_proj = Linear(self.vdim, embed_dim, bias=bias)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()
-
-    def _tied_map(self, in_dim: int) -> torch.nn.Module:
-        if self.metric == 'metric':
-            return ResidualTanhMLP(in_dim, self.embed_dim, self.mlp_channels)
-        return Linear(in_dim, self.embed_dim, bias=False)  # a bias cancels
 
     def reset_parameters(self) -> None:
         for module in (self.query_map, self.key_map, self.v_proj, self.out_proj):
@@ -183,13 +180,7 @@ class MetricMultiheadAttention(torch.nn.Module):
                       self.head_dim).transpose(1, 2)
 
     def _embed(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
-        q = self.query_map(query)
-        if self.key_map is not None:
-            k = self.key_map(key)
-        elif key is query:
-            k = q
-        else:
-            k = self.query_map(key)
+        q, k = embed_pair(self.query_map, self.key_map, query, key)
         return self._split_heads(q), self._split_heads(k)
 
     def _sdpa_mask(self, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
@@ -213,19 +204,9 @@ class MetricMultiheadAttention(torch.nn.Module):
                                  f"{num_queries}, {num_keys}], got "
                                  f"{list(attn_mask.shape)}")
             masks.append(attn_mask)
-        if not masks:
-            return None
-        if all(m.dtype == torch.bool for m in masks):
-            allowed = ~masks[0]
-            for m in masks[1:]:
-                allowed = allowed & ~m
-            return allowed
-        total = torch.zeros((), dtype=dtype, device=masks[0].device)
-        blocked = torch.tensor(float('-inf'), dtype=dtype, device=total.device)
-        for m in masks:
-            total = total + (torch.where(m, blocked, total.new_zeros(()))
-                             if m.dtype == torch.bool else m.to(dtype))
-        return total
+        # torch's MHA marks what may *not* be attended to; SDPA what may.
+        return merge_masks([~m if m.dtype == torch.bool else m for m in masks],
+                           dtype)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.embed_dim}, '
