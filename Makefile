@@ -47,7 +47,7 @@ demo: $(call stamp,$(DEMO_EXTRAS))
 ifeq ($(ROOT),)
 	$(BIN)/pyg-metric-attn $(DEMO_FLAGS) --attention metricformer,metric,gat \
 		--seeds 1 --epochs 10 -o synthetic_train=32 -o synthetic_test=12 \
-		-o batch_size=4 -o former_layers=2 --out runs/human_seg_demo \
+		-o batch_size=4 -o former_num_layers=2 --out runs/human_seg_demo \
 		--artifacts runs/human_seg_demo/artifacts
 	@echo "renderings: runs/human_seg_demo/artifacts/*/segmentation.png"
 else
