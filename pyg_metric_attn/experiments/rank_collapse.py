@@ -61,6 +61,12 @@ class _Block(torch.nn.Module):
                                         torch.nn.Linear(2 * channels, channels))
                     if kind == 'skip+mlp' else None)
 
+    def reset_parameters(self) -> None:
+        self.attention.reset_parameters()
+        if self.mlp is not None:
+            for layer in (self.mlp[0], self.mlp[2]):
+                layer.reset_parameters()
+
     def forward(self, h: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
         update = self.attention.forward_point_sets(h, batch)
         if self.kind == 'attention':
