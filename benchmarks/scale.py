@@ -282,6 +282,8 @@ def plot(results: list[dict[str, Any]], path: Path, cap_gib: float) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
+    from pyg_metric_attn.utils.io import atomic_writer
+
     figure, (memory, speed, cpu) = plt.subplots(1, 3, figsize=(15, 4.4))
     colours = dict(zip(SCALE_VARIANTS, ('tab:red', 'tab:blue'), strict=False))
     styles = dict(zip(GRAPH_KINDS, ('-', '--'), strict=True))
@@ -333,11 +335,9 @@ def plot(results: list[dict[str, Any]], path: Path, cap_gib: float) -> None:
     cpu.set_title('CPU time: less sensitive to that load', fontsize=9)
     figure.suptitle('Two-layer model, full batch, forward + backward (CPU)')
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix('.tmp' + path.suffix)
-    figure.savefig(tmp, dpi=120)
+    with atomic_writer(path) as file:
+        figure.savefig(file, format='png', dpi=120)
     plt.close(figure)
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> None:

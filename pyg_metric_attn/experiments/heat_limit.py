@@ -28,7 +28,11 @@ from tqdm import tqdm
 
 from pyg_metric_attn.theory import MANIFOLDS, log_log_slope, relative_error
 from pyg_metric_attn.theory.manifolds import DENSITIES
-from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
+from pyg_metric_attn.utils.io import (
+    atomic_write_json,
+    atomic_write_text,
+    atomic_writer,
+)
 
 NAME = 'heat_limit'
 SIZES = (500, 1000, 2000, 4000, 8000)
@@ -166,6 +170,5 @@ def write(results: dict[str, Any], out: Path) -> None:
     figure.axes[0].legend(fontsize=8)
     figure.tight_layout()
     path = out / 'heat_limit.png'
-    partial = path.with_name(path.name + '.partial.png')
-    figure.savefig(partial, dpi=110)
-    partial.replace(path)
+    with atomic_writer(path) as file:
+        figure.savefig(file, format='png', dpi=110)

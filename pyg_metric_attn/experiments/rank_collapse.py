@@ -31,7 +31,11 @@ from tqdm import tqdm
 
 from pyg_metric_attn.nn import MetricAttentionConv
 from pyg_metric_attn.theory import residuals_through_depth
-from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
+from pyg_metric_attn.utils.io import (
+    atomic_write_json,
+    atomic_write_text,
+    atomic_writer,
+)
 
 NAME = 'rank_collapse'
 METRICS = ('dot', 'l2', 'metric')
@@ -137,9 +141,8 @@ def write(results: dict[str, Any], out: Path) -> None:
         ax.legend(fontsize=8)
     figure.tight_layout()
     path = out / 'rank_collapse.png'
-    partial = path.with_name(path.name + '.partial.png')
-    figure.savefig(partial, dpi=110)
-    partial.replace(path)
+    with atomic_writer(path) as file:
+        figure.savefig(file, format='png', dpi=110)
 
 
 def main(args: argparse.Namespace) -> int:
