@@ -767,8 +767,7 @@ def _finite_abs_max(t: Tensor) -> Tensor:
     non-finite entry must not rescale everyone else's logits."""
     if t.numel() == 0:
         return torch.zeros((), dtype=torch.float64, device=t.device)
-    magnitude = t.detach().abs()
-    return torch.where(magnitude.isfinite(), magnitude, 0).amax().double()
+    return torch.nan_to_num(t.detach().abs(), nan=0.0, posinf=0.0).amax().double()
 
 
 def _ranges(query: Tensor, key: Tensor, edge_bias: Tensor | None, ts: Tensor,
