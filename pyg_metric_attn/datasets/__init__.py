@@ -1,11 +1,12 @@
 """Data sets: the human segmentation benchmark, any folder of meshes,
-procedural humanoids, MNIST (IDX files), Multi30k with its subword
-tokenizer, and a synthetic node-classification graph (stochastic block model).
+procedural humanoids, MNIST (IDX files) and its digits as point clouds of
+their ink pixels, Multi30k with its subword tokenizer, and a synthetic
+node-classification graph (stochastic block model).
 
 Names are imported on first use, so that each needs only its own extra: the
 mesh data sets need ``pyg-metric-attn[mesh]``, the subword tokenizer
-``[experiments]``; MNIST, Multi30k's text, batching and the stochastic block
-model need neither.
+``[experiments]``; MNIST (and its point clouds), Multi30k's text, batching
+and the stochastic block model need neither.
 """
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ _MODULES = {
     'bucket_batches': 'batching', 'pad_sequences': 'batching',
     'HumanSegmentation': 'human_segmentation',
     'IDXFormatError': 'idx', 'read_idx': 'idx',
+    'image_point_cloud': 'image_point_cloud',
+    'image_point_clouds': 'image_point_cloud',
     'MeshDataset': 'mesh_dataset', 'majority_label': 'mesh_dataset',
     'mesh_data': 'mesh_dataset',
     'MeshFolder': 'mesh_folder',
     'MNIST': 'mnist',
+    'MNISTPointClouds': 'mnist_point_clouds',
     'Multi30k': 'multi30k',
     'stochastic_block_graph': 'stochastic_block',
     'SPECIAL_TOKENS': 'subword', 'SubwordTokenizer': 'subword',

@@ -11,6 +11,7 @@ from pyg_metric_attn.nn.models import (
     MetricMeshFormer,
     MetricMeshFormerConfig,
     MetricTransformer,
+    PointSetClassifier,
 )
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.nn.spatial_gradient import SpatialGradientFeatures
@@ -19,5 +20,6 @@ from pyg_metric_attn.nn.time_scale import TimeScale, matched_time_scale
 __all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv',
            'MetricAttentionalAggregation', 'MetricMeshFormer',
            'MetricMeshFormerConfig', 'MetricMultiheadAttention',
-           'MetricTransformer', 'ResidualTanhMLP', 'SpatialGradientFeatures',
+           'MetricTransformer', 'PointSetClassifier', 'ResidualTanhMLP',
+           'SpatialGradientFeatures',
            'TimeScale', 'matched_time_scale']

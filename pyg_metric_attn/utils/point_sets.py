@@ -1,5 +1,5 @@
-"""Point sets as graphs: all pairs among the points of each set; spread-out
-subsets of each set."""
+"""Point sets as graphs: all pairs among the points of each set, propagation
+along them; spread-out subsets of each set."""
 from __future__ import annotations
 
 import torch
@@ -44,6 +44,27 @@ def fully_connected_edge_index(num_nodes: int, batch: Tensor | None = None,
     rank = torch.arange(dst.numel(), device=batch.device) - first_edge[dst]
     src = set_start[batch[dst]] + rank
     return torch.stack([src, dst])
+
+
+def propagate_within_sets(conv: torch.nn.Module, x: Tensor,
+                          batch: Tensor | None = None,
+                          edge_index: Tensor | None = None
+                          ) -> tuple[Tensor, Tensor | None]:
+    """One layer's all-pairs propagation among the points of each set: the
+    layer's dense ``forward_point_sets`` where it has one
+    (:class:`~pyg_metric_attn.nn.MetricAttentionConv`), else the layer on the
+    sets' :func:`fully_connected_edge_index`, built once where ``edge_index``
+    is :obj:`None`.
+
+    Returns:
+        ``(out, edge_index)``: the layer's output and the all-pairs edges
+        (:obj:`None` while no layer needed them), to pass to the next layer.
+    """
+    if hasattr(conv, 'forward_point_sets'):
+        return conv.forward_point_sets(x, batch), edge_index
+    if edge_index is None:
+        edge_index = fully_connected_edge_index(x.size(0), batch, x.device)
+    return conv(x, edge_index), edge_index
 
 
 def shuffled_sets(num_points: int, set_size: int,

@@ -5,6 +5,7 @@ from pyg_metric_attn.nn.models.mesh_former import (
     MetricMeshFormerBlock,
     MetricMeshFormerConfig,
 )
+from pyg_metric_attn.nn.models.point_set_classifier import PointSetClassifier
 from pyg_metric_attn.nn.models.transformer import (
     MetricTransformer,
     MetricTransformerDecoderLayer,
@@ -12,6 +13,6 @@ from pyg_metric_attn.nn.models.transformer import (
 )
 
 __all__ = ['IPN', 'MetricMeshFormer', 'MetricMeshFormerBlock',
-           'MetricMeshFormerConfig', 'MetricTransformer',
+           'MetricMeshFormerConfig', 'MetricTransformer', 'PointSetClassifier',
            'MetricTransformerDecoderLayer', 'MetricTransformerEncoderLayer',
            'beam_search', 'greedy_decode']

@@ -11,7 +11,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import Adj, OptTensor
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
-from pyg_metric_attn.utils.point_sets import fully_connected_edge_index
+from pyg_metric_attn.utils.point_sets import propagate_within_sets
 
 #: A propagation layer, or what builds one from ``(in_channels,
 #: out_channels)`` (a layer class, or a :func:`functools.partial` of one).
@@ -115,13 +115,7 @@ class IPN(torch.nn.Module):
         else."""
         edge_index = None
         for conv in self.convs:
-            if hasattr(conv, 'forward_point_sets'):
-                h = conv.forward_point_sets(h, batch)
-                continue
-            if edge_index is None:
-                edge_index = fully_connected_edge_index(h.size(0), batch,
-                                                        h.device)
-            h = conv(h, edge_index)
+            h, edge_index = propagate_within_sets(conv, h, batch, edge_index)
         return h
 
     def __repr__(self) -> str:
