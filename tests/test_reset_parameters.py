@@ -20,6 +20,7 @@ from pyg_metric_attn.nn import (
     MetricMeshFormer,
     MetricMultiheadAttention,
     MetricTransformer,
+    PointSetClassifier,
     ResidualTanhMLP,
     SpatialGradientFeatures,
     TimeScale,
@@ -78,6 +79,9 @@ BUILDERS = {
     'shared_transformer': lambda: MetricTransformer(11, 11, 8, 2, 1, 1, 16,
                                                     share_embeddings=True),
     'gat_net': lambda: GATNet(5, 3, 'metric', hidden_channels=4, heads=2),
+    'point_set_classifier': lambda: PointSetClassifier(
+        3, 8, 2, [MetricAttentionConv(8, 8, residual=True)],
+        MetricAttentionalAggregation(8, 4, num_queries=2), pool_channels=8),
 }
 
 
@@ -97,7 +101,7 @@ def test_reset_parameters_redraws_every_parameter(name):
 def test_nn_exports_layers_and_models_not_mesh_internals():
     exported = set(pyg_metric_attn.nn.__all__)
     assert {'MetricAttentionConv', 'MetricMultiheadAttention', 'IPN',
-            'MetricAttentionalAggregation',
+            'MetricAttentionalAggregation', 'PointSetClassifier',
             'MetricMeshFormer', 'MetricTransformer', 'HeatDiffusion',
             'SpatialGradientFeatures'} <= exported
     assert not exported & {'MeshSpectrum', 'TangentGradient', 'vertex_gradients'}

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
-from pyg_metric_attn.datasets.image_point_cloud import image_point_clouds
+from pyg_metric_attn.datasets.image_points import image_point_clouds
 from pyg_metric_attn.datasets.mnist import MNIST
 from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
 
@@ -18,7 +18,7 @@ class MNISTPointClouds(InMemoryDataset):
     r"""The MNIST digits as point clouds: every pixel brighter than
     ``threshold`` is a point with features ``x = (u, v, intensity)`` and
     position ``pos = (u, v)`` in :math:`[-1, 1]^2`
-    (:func:`~pyg_metric_attn.datasets.image_point_cloud.image_point_clouds`);
+    (:func:`~pyg_metric_attn.datasets.image_points.image_point_clouds`);
     ``y`` is the digit. With the default threshold a digit has about 150
     points (34 to 351 in the training set).
 
