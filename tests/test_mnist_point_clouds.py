@@ -14,6 +14,7 @@ from torch_geometric.data import Batch
 from torch_geometric.nn import GATConv
 from torch_geometric.nn.aggr import AttentionalAggregation, MeanAggregation
 
+from pyg_metric_attn.cli import main
 from pyg_metric_attn.datasets import (
     MNIST,
     MNISTPointClouds,
@@ -193,3 +194,16 @@ def test_tiny_task_end_to_end(tiny_mnist, tmp_path, one_thread):
         MnistPointCloudTask(hidden=8, num_queries=9)
     with pytest.raises(ValueError, match="Unknown pooling 'max'"):
         task.build_model('max')
+
+
+def test_train_and_evaluate_commands(tiny_mnist, tmp_path, capsys, one_thread):
+    run = tmp_path / 'run'
+    common = ['--root', str(tiny_mnist), '--processed-dir', str(tmp_path / 'cache'),
+              '-o', 'hidden=8', '-o', 'num_queries=2']
+    assert main(['train', 'mnist_point_clouds', *common, '--attention',
+                 'metric_pool', '--epochs', '1', '--out', str(run),
+                 '--no-progress']) == 0
+    assert main(['evaluate', 'mnist_point_clouds', str(run), *common]) == 0
+    assert 'test_acc:' in capsys.readouterr().out
+    result = json.loads((run / 'evaluation-test.json').read_text())
+    assert 0.0 <= result['test_acc'] <= 1.0
