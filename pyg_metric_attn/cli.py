@@ -234,13 +234,23 @@ def _add_task_parsers(command: argparse.ArgumentParser, name: str,
         sub.set_defaults(task_flags=[action.dest
                                      for action in group._group_actions])
         parsers.append((task_cls, sub))
-    if name == 'experiment':  # analyses that train nothing
-        from pyg_metric_attn.experiments import heat_limit, rank_collapse
+    if name == 'experiment':  # the theory's measurements, not tasks
+        from pyg_metric_attn.experiments import (
+            heat_limit,
+            heat_limit_learned,
+            rank_collapse,
+            rank_collapse_trained,
+        )
         for analysis, summary in (
                 (heat_limit, 'the heat-kernel limit of attention propagation on '
                  'manifolds: errors, best t, fitted slopes, a plot'),
+                (heat_limit_learned, 'the heat-kernel limit under a trained '
+                 'metric map phi against the induced and Euclidean targets, '
+                 'a plot'),
                 (rank_collapse, 'rank collapse of stacked attention blocks at '
-                 'initialisation, per metric and block kind, a plot')):
+                 'initialisation, per metric and block kind, a plot'),
+                (rank_collapse_trained, 'rank collapse through the depth of '
+                 'attention stacks trained on two moons, per depth, a plot')):
             sub = tasks.add_parser(analysis.NAME, parents=[global_flags],
                                    help=summary,
                                    prog=f'{command.prog} {analysis.NAME}')

@@ -1,6 +1,8 @@
 """The heat-kernel limit of attention propagation (issue 18, §3): samplers
-with known drift-diffusion targets, and the limit itself on noise-free
-(quasi-uniform or quantile) samples where only the O(t) bias remains."""
+with known drift-diffusion targets, the limit itself on noise-free
+(quasi-uniform or quantile) samples where only the O(t) bias remains, and the
+target of the metric induced by a map phi against closed forms, finite
+differences and the propagation; rank collapse (§4)."""
 from __future__ import annotations
 
 import math
@@ -8,11 +10,17 @@ import math
 import pytest
 import torch
 
+from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.theory import (
+    MANIFOLDS,
+    Chart,
     circle,
+    induced_drift_diffusion,
     log_log_slope,
     propagation_generator,
+    pullback_metric,
     relative_error,
+    relative_rms,
     sphere,
     torus,
 )
@@ -25,13 +33,20 @@ def error(points, function, target, t):
                  / target.square().mean().sqrt())
 
 
-def circle_quantiles(n, a, k=2):
-    """Points at the quantiles of the density (1 + a cos) / 2 pi: a sample
-    without sampling noise; target as in ``circle``."""
+def quantile_angles(n, a):
+    """Angles at the quantiles of the density (1 + a cos) / 2 pi on the circle:
+    a sample without sampling noise."""
     u = (torch.arange(n, dtype=torch.float64) + 0.5) / n * 2 * math.pi
     theta = u.clone()
     for _ in range(50):  # Newton on theta + a sin(theta) = u
         theta = theta - (theta + a * theta.sin() - u) / (1 + a * theta.cos())
+    return theta
+
+
+def circle_quantiles(n, a, k=2):
+    """Quantile points of the density (1 + a cos) / 2 pi; target as in
+    ``circle``."""
+    theta = quantile_angles(n, a)
     f = (k * theta).cos()
     target = -k * k * f + 2 * (-a * theta.sin() / (1 + a * theta.cos())) * (
         -k * (k * theta).sin())
@@ -146,6 +161,157 @@ def test_clear_errors():
     assert isinstance(circle(5), ManifoldSample)
 
 
+@pytest.mark.parametrize('name', list(MANIFOLDS))
+@pytest.mark.parametrize('density', ['uniform', 'non-uniform'])
+def test_identity_gives_the_euclidean_targets(name, density):
+    sample = MANIFOLDS[name](200, density, seed=2)
+    assert sample.coords.shape == (200, sample.dimension)
+    assert torch.allclose(torch.func.vmap(sample.chart.embedding)(sample.coords),
+                          sample.points, atol=1e-12)
+    target = induced_drift_diffusion(sample.chart, sample.coords)
+    assert torch.allclose(target, sample.drift_diffusion, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize('name', ['circle', 'sphere', 'torus'])
+def test_scaling_divides_by_its_square_and_rigid_motions_change_nothing(name):
+    sample = MANIFOLDS[name](100, 'non-uniform', seed=3)
+    scaled = induced_drift_diffusion(sample.chart, sample.coords,
+                                     lambda x: 2.5 * x)
+    assert torch.allclose(scaled, sample.drift_diffusion / 2.5 ** 2,
+                          rtol=1e-9, atol=1e-9)
+    ambient = sample.points.size(1)
+    rotation = torch.linalg.qr(torch.randn(ambient + 1, ambient + 1,
+                                           dtype=torch.float64))[0]
+    shift = torch.randn(ambient + 1, dtype=torch.float64)
+
+    def rigid(x):  # into one more dimension, rotated and shifted
+        return rotation @ torch.cat([x, x.new_zeros(1)]) + shift
+    moved = induced_drift_diffusion(sample.chart, sample.coords, rigid)
+    assert torch.allclose(moved, sample.drift_diffusion, rtol=1e-9, atol=1e-9)
+
+
+A = 0.5  # the curve below: speed 1 + A cos 2 theta
+
+
+def curve_map(x):
+    r"""z -> z + (A/6) z^3 - (A/2) conj(z): the unit circle onto a convex
+    closed curve with speed :math:`1 + A\cos 2\theta` and arc length
+    :math:`s = \theta + (A/2)\sin 2\theta` in closed form."""
+    re, im = x[..., 0], x[..., 1]
+    cube = torch.stack([re ** 3 - 3 * re * im ** 2, 3 * re ** 2 * im - im ** 3], -1)
+    return x + A / 6 * cube - A / 2 * torch.stack([re, -im], -1)
+
+
+def arc_length(theta):
+    return theta + A / 2 * (2 * theta).sin()
+
+
+def curve_chart(k, b):
+    """The unit circle with f = cos(k s) (s the arc length on the curve) and
+    density proportional to 1 + b cos(theta)."""
+    return Chart(embedding=lambda c: torch.stack([c[0].cos(), c[0].sin()]),
+                 function=lambda c: (k * arc_length(c[0])).cos(),
+                 log_density=lambda c: torch.log1p(b * c[0].cos()))
+
+
+def curve_target(theta, k, b):
+    """Closed form: Delta_g f = -k^2 f for f = cos(k s); p_g = p / speed."""
+    speed = 1 + A * (2 * theta).cos()
+    s = arc_length(theta)
+    dlog_pg = (-b * theta.sin() / (1 + b * theta.cos())
+               + 2 * A * (2 * theta).sin() / speed)
+    return -k * k * (k * s).cos() + 2 * (dlog_pg / speed) * (-k * (k * s).sin())
+
+
+@pytest.mark.parametrize('b', [0.0, 0.5])
+def test_a_curve_with_closed_form_arc_length(b):
+    theta = torch.rand(300, dtype=torch.float64) * 2 * math.pi
+    target = induced_drift_diffusion(curve_chart(3, b), theta.unsqueeze(1),
+                                     curve_map)
+    assert torch.allclose(target, curve_target(theta, 3, b), rtol=1e-9, atol=1e-9)
+    speed = pullback_metric(curve_chart(3, b), theta.unsqueeze(1),
+                            curve_map).squeeze().sqrt()
+    assert torch.allclose(speed, 1 + A * (2 * theta).cos())
+
+
+@pytest.mark.parametrize('b', [0.0, 0.5])
+def test_propagation_over_the_mapped_points_tends_to_the_induced_target(b):
+    """Noise-free quantile sample of the circle pushed through the curve map:
+    the error against the induced target is the O(t) bias alone; against the
+    Euclidean target (even rescaled) it does not vanish."""
+    theta = quantile_angles(2000, b)
+    chart = curve_chart(2, b)
+    coords = theta.unsqueeze(1)
+    points = curve_map(torch.stack([theta.cos(), theta.sin()], 1))
+    f = torch.func.vmap(chart.function)(coords)
+    induced = induced_drift_diffusion(chart, coords, curve_map)
+    euclidean = induced_drift_diffusion(chart, coords)
+    scale = (induced * euclidean).sum() / euclidean.square().sum()
+    ts = [0.001, 0.002, 0.004]
+    errors = [relative_rms(propagation_generator(points, f, t), induced)
+              for t in ts]
+    assert errors[0] < 5e-3
+    assert log_log_slope(ts, errors) == pytest.approx(1.0, abs=0.15)
+    estimate = propagation_generator(points, f, ts[0])
+    assert relative_rms(estimate, scale * euclidean, induced) > 0.2
+
+
+def fd_target(chart, phi, c, step=1e-5):
+    """Delta_g f + 2 <grad log p_g, grad f>_g at one point by central
+    differences of autograd first derivatives (a second implementation)."""
+    def jac(fn, x):
+        return torch.autograd.functional.jacobian(fn, x)
+
+    def metric(x, mapping):
+        j = jac(mapping, x)
+        return j.T @ j
+
+    def mapped(x):
+        return phi(chart.embedding(x))
+
+    def flux(x):
+        g = metric(x, mapped)
+        return g.det().sqrt() * torch.linalg.inv(g) @ jac(chart.function, x)
+
+    def log_pg(x):
+        return (chart.log_density(x) + 0.5 * metric(x, chart.embedding).det().log()
+                - 0.5 * metric(x, mapped).det().log())
+
+    d = c.numel()
+    divergence, grad_log = 0.0, torch.zeros(d, dtype=c.dtype)
+    for i in range(d):
+        e = torch.zeros(d, dtype=c.dtype)
+        e[i] = step
+        divergence += (flux(c + e)[i] - flux(c - e)[i]) / (2 * step)
+        grad_log[i] = (log_pg(c + e) - log_pg(c - e)) / (2 * step)
+    g = metric(c, mapped)
+    df = torch.linalg.inv(g) @ jac(chart.function, c)
+    return divergence / g.det().sqrt() + 2 * grad_log @ df
+
+
+def test_a_random_mlp_on_the_sphere_matches_finite_differences():
+    """A non-diagonal, position-dependent metric and a non-uniform density."""
+    torch.manual_seed(0)
+    phi = ResidualTanhMLP(3, 4, 8).double().requires_grad_(False)
+    sample = sphere(6, 'non-uniform', seed=5)
+    target = induced_drift_diffusion(sample.chart, sample.coords, phi)
+    for c, value in zip(sample.coords, target, strict=True):
+        assert float(value) == pytest.approx(
+            float(fd_target(sample.chart, phi, c)), rel=1e-5, abs=1e-6)
+
+
+def test_induced_target_clear_errors():
+    sample = sphere(20, seed=0)
+    with pytest.raises(ValueError, match='not an immersion'):
+        induced_drift_diffusion(sample.chart, sample.coords,
+                                lambda x: x[:1])  # rank-one J: J^T J singular
+    with pytest.raises(ValueError, match=r"'coords' must be floating-point \[n, d\]"):
+        induced_drift_diffusion(sample.chart, sample.coords[:, 0])
+    with pytest.raises(ValueError, match="differ in shape"):
+        relative_rms(torch.ones(3), torch.ones(4))
+    assert relative_rms(torch.ones(3), torch.zeros(3), 2 * torch.ones(3)) == 0.5
+
+
 def test_rank_one_residual():
     from pyg_metric_attn.theory import rank_one_residual, residuals_through_depth
     batch = torch.tensor([0, 0, 0, 1, 1])
@@ -197,3 +363,85 @@ def test_rank_collapse_experiment_command(tmp_path, capsys):
     assert len(curves) == 9 and all(len(m) == 7 for m in curves.values())
     assert curves['dot', 'attention'][-1] < 1e-3 * curves['dot', 'attention'][0]
     assert curves['dot', 'skip'][-1] > 0.1
+
+
+def test_stretch_of_a_map_on_the_manifold():
+    from pyg_metric_attn.experiments.heat_limit_learned import stretch
+    sample = sphere(50, seed=1)
+    assert torch.allclose(stretch(sample, lambda x: 2 * x),
+                          torch.full((50, 2), 2.0, dtype=torch.float64))
+    factors = stretch(sample, lambda x: x * torch.tensor([1.0, 1.0, 3.0],
+                                                         dtype=torch.float64))
+    # The equatorial direction keeps its length; the other one is stretched
+    # by up to 3 (at the equator, where it points along z).
+    assert torch.allclose(factors[:, 0], torch.ones(50, dtype=torch.float64))
+    z = sample.points[:, 2]
+    assert torch.allclose(factors[:, 1], (1 + 8 * (1 - z * z)).sqrt())
+
+
+def test_heat_limit_learned_experiment_command(tmp_path, capsys):
+    import json
+
+    from pyg_metric_attn.cli import main
+    from pyg_metric_attn.nn.pseudo_metric import tied_map
+    from pyg_metric_attn.utils.io import load_verified
+    out = tmp_path / 'learned'
+    assert main(['experiment', 'heat_limit_learned', '--manifolds', 'circle',
+                 '--sizes', '100', '200', '--times', '0.5', '1', '--seeds', '1',
+                 '--steps', '30', '--keys', '60', '--queries', '20',
+                 '--out', str(out), '--no-progress']) == 0
+    assert '| circle | 200 |' in capsys.readouterr().out
+    for name in ('results.json', 'summary.md', 'heat_limit_learned.png'):
+        assert (out / name).stat().st_size > 0
+    curve, = json.loads((out / 'results.json').read_text())['curves']
+    assert len(curve['cells']) == 2 * 2
+    q = curve['stretch_quantiles']
+    assert 0 < q['min'] <= q['median'] <= q['max']
+    # The training lowered the regression loss, and the saved map is that map.
+    assert curve['training']['test_mse']['learned'] < \
+        curve['training']['test_mse']['identity']
+    saved = load_verified(out / 'phi_circle.pt')
+    phi = tied_map(**saved['config'])
+    phi.load_state_dict(saved['state_dict'])
+    assert phi(torch.zeros(1, 2)).shape == (1, 2)
+
+
+def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
+    """Tiny grid end to end: the distances of every run through its depth,
+    before and after training, and the accuracy."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    out = tmp_path / 'trained'
+    assert main(['experiment', 'rank_collapse_trained', '--depths', '1', '3',
+                 '--metrics', 'dot,metric', '--blocks', 'attention,skip',
+                 '--seeds', '1', '--epochs', '3', '--set-size', '20',
+                 '--num-train', '40', '--num-test', '40', '--out', str(out),
+                 '--no-progress']) == 0
+    assert '| metric | skip |' in capsys.readouterr().out
+    assert (out / 'rank_collapse_trained.png').stat().st_size > 0
+    results = json.loads((out / 'results.json').read_text())
+    assert len(results['runs']) == 2 * 2 * 2 and len(results['curves']) == 8
+    for run in results['runs']:
+        assert len(run['initial']) == len(run['trained']) == run['depth'] + 1
+        assert all(0 <= r <= 1 for r in run['initial'] + run['trained'])
+        assert run['trained'] != run['initial']  # the weights moved
+        assert 0 <= run['test_acc'] <= 1
+    assert main(['experiment', 'rank_collapse_trained', '--blocks', 'conv',
+                 '--out', str(out)]) != 0
+    assert 'Unknown block kind' in capsys.readouterr().err
+
+
+def test_stack_classifier_residuals_follow_its_forward():
+    from pyg_metric_attn.experiments.rank_collapse_trained import StackClassifier
+    from pyg_metric_attn.theory import rank_one_residual
+    torch.manual_seed(0)
+    model = StackClassifier(2, 8, 2, 'skip+mlp', 'metric', depth=3)
+    x, batch = torch.randn(30, 2), torch.arange(3).repeat_interleave(10)
+    residuals = model.residuals(x, batch)
+    assert residuals.shape == (4, 3)
+    h = model.lift(x)
+    for block in model.blocks:
+        h = block(h, batch)
+    assert torch.allclose(residuals[-1], rank_one_residual(h, batch))
+    assert model(x, batch).shape == (30, 2)

@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    manifolds = _names(args.manifolds, MANIFOLDS, 'manifold')
-    densities = _names(args.densities, DENSITIES, 'density')
+    manifolds = parse_names(args.manifolds, MANIFOLDS, 'manifold')
+    densities = parse_names(args.densities, DENSITIES, 'density')
     if min(args.sizes) < 2 or min(args.times) <= 0 or args.seeds < 1:
         raise ValueError('sizes must be at least 2, times positive and seeds '
                          'at least 1')
@@ -68,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _names(text: str, known, kind: str) -> list[str]:
+def parse_names(text: str, known, kind: str) -> list[str]:
+    """The comma-separated names of ``text``, each checked against ``known``."""
     names = [name for name in text.split(',') if name]
     unknown = [name for name in names if name not in known]
     if unknown or not names:

@@ -17,7 +17,7 @@ dot-product attention). After each block the distance of each set's features
 to rank one, :func:`~pyg_metric_attn.theory.rank_one_residual`, is recorded;
 over ``--seeds`` initialisations (and the sets) the mean and spread per depth
 go to ``results.json``, ``summary.md`` and ``rank_collapse.png``. Trained
-models are not covered here.
+stacks of the same blocks: :mod:`~pyg_metric_attn.experiments.rank_collapse_trained`.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--no-progress', action='store_true')
 
 
-class _Block(torch.nn.Module):
+class PropagationBlock(torch.nn.Module):
     """One propagation block of the given kind over all pairs of each set."""
     def __init__(self, kind: str, metric: str, channels: int):
         super().__init__()
@@ -92,7 +92,7 @@ def measure(depth: int, channels: int, set_size: int, sets: int, seeds: int,
         for seed in range(seeds):
             torch.manual_seed(seed)
             lift = torch.randn(x.size(1), channels)
-            blocks = [_Block(kind, metric, channels) for _ in range(depth)]
+            blocks = [PropagationBlock(kind, metric, channels) for _ in range(depth)]
             layers = [lambda h, b=block: b(h, batch) for block in blocks]
             runs.append(residuals_through_depth(layers, x @ lift, batch))
         # [seeds, depth + 1, sets] -> [depth + 1, seeds * sets]

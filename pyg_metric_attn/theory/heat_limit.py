@@ -17,7 +17,9 @@ sampling variance that grows as :math:`t` shrinks (about
 :math:`d`), so for each :math:`n` there is a best :math:`t`.
 :func:`propagation_generator` computes :math:`L_{n,t} f` with the library's
 own dense attention (float64, in row blocks so that no :math:`n \times n`
-matrix is held), :func:`relative_error` compares it with the target.
+matrix is held), :func:`relative_error` compares it with the target. With a
+learned :math:`\phi` the target is that of the induced metric
+(:mod:`pyg_metric_attn.theory.induced_metric`).
 """
 from __future__ import annotations
 
@@ -54,15 +56,26 @@ def propagation_generator(points: Tensor, function: Tensor, time_scale: float,
     return (propagated - values.squeeze(1)) / (time_scale / 4)
 
 
+def relative_rms(estimate: Tensor, target: Tensor,
+                 reference: Tensor | None = None) -> float:
+    """RMS of ``estimate - target`` relative to the RMS of ``reference``
+    (default: ``target``)."""
+    reference = target if reference is None else reference
+    if not estimate.shape == target.shape == reference.shape:
+        raise ValueError(f"'estimate', 'target' and 'reference' differ in "
+                         f"shape: {list(estimate.shape)}, {list(target.shape)} "
+                         f"and {list(reference.shape)}")
+    return float((estimate - target).square().mean().sqrt()
+                 / reference.square().mean().sqrt())
+
+
 def relative_error(sample: ManifoldSample, time_scale: float,
                    block_size: int = 2048) -> float:
     r"""RMS of :math:`L_{n,t} f - (\Delta f + 2 \nabla\log p\cdot\nabla f)`
     over the points, relative to the RMS of the target."""
     estimate = propagation_generator(sample.points, sample.function, time_scale,
                                      block_size)
-    target = sample.drift_diffusion
-    return float((estimate - target).square().mean().sqrt()
-                 / target.square().mean().sqrt())
+    return relative_rms(estimate, sample.drift_diffusion)
 
 
 def log_log_slope(x: list[float], y: list[float]) -> float:

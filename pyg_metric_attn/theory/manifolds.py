@@ -24,16 +24,40 @@ drift-diffusion target at the points.
 * :func:`torus`: the torus of radii :math:`R > r` in :math:`\mathbb{R}^3`,
   :math:`f = \cos\theta + \cos\varphi`; density uniform (with respect to
   area) or :math:`\propto 1 + a \cos\theta`.
+
+Each sample also carries its chart coordinates and a :class:`Chart` (the
+parametrisation, the test function and the log-density as functions of the
+coordinates), from which
+:func:`~pyg_metric_attn.theory.induced_metric.induced_drift_diffusion`
+computes the target under any map :math:`\phi` of the points.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 DENSITIES = ('uniform', 'non-uniform')
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A parametrised manifold with a test function and a sampling density.
+
+    Each callable takes the coordinates of *one* point, ``[d]``, and is
+    vectorised over points with :func:`torch.func.vmap` (so it indexes
+    ``c[0]``, ``c[1]``, never a batch dimension).
+    """
+    #: ``[d] -> [D]``: the point of the manifold in the ambient space.
+    embedding: Callable[[Tensor], Tensor]
+    #: ``[d] -> []``: the test function f.
+    function: Callable[[Tensor], Tensor]
+    #: ``[d] -> []``: log of the sampling density with respect to the
+    #: embedded manifold's volume, up to an additive constant.
+    log_density: Callable[[Tensor], Tensor]
 
 
 @dataclass
@@ -43,6 +67,8 @@ class ManifoldSample:
     function: Tensor         # [n]  f
     drift_diffusion: Tensor  # [n]  Laplace-Beltrami f + 2 grad(log p) . grad f
     dimension: int           # intrinsic dimension d
+    coords: Tensor           # [n, d] chart coordinates of the points
+    chart: Chart             # the parametrisation, f and log p of the coords
 
 
 def _check(num_points: int, density: str) -> None:
@@ -87,7 +113,11 @@ def circle(num_points: int, density: str = 'uniform', frequency: int = 2,
     # d/ds log p * d/ds f along the unit-speed angle.
     drift = (-a * theta.sin() / (1 + a * theta.cos())) * (-k * (k * theta).sin())
     points = torch.stack([theta.cos(), theta.sin()], dim=1)
-    return ManifoldSample(points, function, laplacian + 2 * drift, 1)
+    chart = Chart(embedding=lambda c: torch.stack([c[0].cos(), c[0].sin()]),
+                  function=lambda c: (k * c[0]).cos(),
+                  log_density=lambda c: torch.log1p(a * c[0].cos()))
+    return ManifoldSample(points, function, laplacian + 2 * drift, 1,
+                          theta.unsqueeze(1), chart)
 
 
 def _legendre(degree: int, z: Tensor) -> tuple[Tensor, Tensor]:
@@ -123,7 +153,15 @@ def sphere(num_points: int, density: str = 'uniform', degree: int = 2,
     laplacian = -degree * (degree + 1) * function
     # grad log p = kappa grad z; grad f = P_l'(z) grad z; |grad z|^2 = 1 - z^2.
     drift = kappa * scaled_derivative
-    return ManifoldSample(points, function, laplacian + 2 * drift, 2)
+
+    def embedding(c: Tensor) -> Tensor:  # coordinates (z, longitude)
+        ring = (1 - c[0].square()).sqrt()
+        return torch.stack([ring * c[1].cos(), ring * c[1].sin(), c[0]])
+
+    chart = Chart(embedding, function=lambda c: _legendre(degree, c[0])[0],
+                  log_density=lambda c: kappa * c[0])
+    return ManifoldSample(points, function, laplacian + 2 * drift, 2,
+                          torch.stack([z, angle], dim=1), chart)
 
 
 def torus(num_points: int, density: str = 'uniform', major_radius: float = 2.0,
@@ -156,7 +194,16 @@ def torus(num_points: int, density: str = 'uniform', major_radius: float = 2.0,
     laplacian = (-theta.cos() / ring.square()
                  + (r * phi.sin().square() - ring * phi.cos()) / (r * r * ring))
     drift = (-a * theta.sin() / (1 + a * theta.cos())) * (-theta.sin()) / ring.square()
-    return ManifoldSample(points, function, laplacian + 2 * drift, 2)
+
+    def embedding(c: Tensor) -> Tensor:  # coordinates (theta, phi)
+        ring = R + r * c[1].cos()
+        return torch.stack([ring * c[0].cos(), ring * c[0].sin(),
+                            r * c[1].sin()])
+
+    chart = Chart(embedding, function=lambda c: c[0].cos() + c[1].cos(),
+                  log_density=lambda c: torch.log1p(a * c[0].cos()))
+    return ManifoldSample(points, function, laplacian + 2 * drift, 2,
+                          torch.stack([theta, phi], dim=1), chart)
 
 
 MANIFOLDS = {'circle': circle, 'sphere': sphere, 'torus': torus}

@@ -1,0 +1,267 @@
+r"""``pyg-metric-attn experiment rank_collapse_trained``: rank collapse through
+the depth of *trained* attention stacks, dot-product against metric-attention.
+
+For every metric (``'dot'``, ``'l2'``, ``'metric'``), block kind
+(``attention``, ``skip``, ``skip+mlp``: the blocks of
+:mod:`~pyg_metric_attn.experiments.rank_collapse`), depth :math:`d` of
+``--depths`` and seed, a classifier
+
+.. math::
+    x \xrightarrow{\text{Linear}} H_0 \xrightarrow{\text{block}_1} H_1
+    \cdots \xrightarrow{\text{block}_d} H_d \xrightarrow{\text{Linear}}
+    \text{logits}
+
+is trained on the two-moons points (sets of ``--set-size`` points, one Adam
+step per set, ``--epochs`` epochs: a fixed budget for every depth). Before
+and after training, the distance of each held-out set's features to rank one,
+:func:`~pyg_metric_attn.theory.rank_one_residual`, is recorded for
+:math:`H_0, \dots, H_d`, and the held-out accuracy after training. Written
+to the output folder: ``results.json`` (every run), ``summary.md`` (the
+distance at the last block and the accuracy per depth, trained and at
+initialisation) and ``rank_collapse_trained.png`` (those against depth, one
+panel per block kind).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from pyg_metric_attn.experiments.heat_limit import parse_names
+from pyg_metric_attn.experiments.rank_collapse import (
+    BLOCKS,
+    METRICS,
+    PropagationBlock,
+)
+from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
+from pyg_metric_attn.theory import residuals_through_depth
+from pyg_metric_attn.training import Trainer, epoch_generator, seed_everything
+from pyg_metric_attn.utils.io import (
+    atomic_write_json,
+    atomic_write_text,
+    atomic_writer,
+)
+from pyg_metric_attn.utils.point_sets import shuffled_sets
+
+NAME = 'rank_collapse_trained'
+DEPTHS = (1, 2, 4, 8, 16, 32)
+
+
+class StackClassifier(torch.nn.Module):
+    """A linear lift, ``depth`` propagation blocks of one kind, a linear
+    per-point classifier."""
+    def __init__(self, in_channels: int, channels: int, num_classes: int,
+                 kind: str, metric: str, depth: int):
+        super().__init__()
+        self.lift = torch.nn.Linear(in_channels, channels)
+        self.blocks = torch.nn.ModuleList(
+            PropagationBlock(kind, metric, channels) for _ in range(depth))
+        self.head = torch.nn.Linear(channels, num_classes)
+
+    def reset_parameters(self) -> None:
+        self.lift.reset_parameters()
+        for block in self.blocks:
+            block.reset_parameters()
+        self.head.reset_parameters()
+
+    def forward(self, x: Tensor, batch: Tensor | None = None) -> Tensor:
+        h = self.lift(x)  # [N, channels]
+        for block in self.blocks:
+            h = block(h, batch)
+        return self.head(h)  # [N, num_classes]
+
+    def residuals(self, x: Tensor, batch: Tensor) -> Tensor:
+        """Distance to rank one of each set after the lift and after every
+        block, ``[1 + depth, num_sets]``."""
+        with torch.no_grad():
+            lifted = self.lift(x)
+        return residuals_through_depth(
+            [lambda h, b=block: b(h, batch) for block in self.blocks], lifted,
+            batch)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--depths', type=int, nargs='+', default=list(DEPTHS))
+    parser.add_argument('--metrics', default=','.join(METRICS),
+                        help=f"comma-separated, of {', '.join(METRICS)}")
+    parser.add_argument('--blocks', default=','.join(BLOCKS),
+                        help=f"comma-separated, of {', '.join(BLOCKS)}")
+    parser.add_argument('--channels', type=int, default=16)
+    parser.add_argument('--set-size', type=int, default=100)
+    parser.add_argument('--num-train', type=int, default=400,
+                        help='training points (two moons, noise 0.2)')
+    parser.add_argument('--num-test', type=int, default=400,
+                        help='held-out points: accuracy and the distances')
+    parser.add_argument('--epochs', type=int, default=50)
+    parser.add_argument('--lr', type=float, default=2e-3)
+    parser.add_argument('--seeds', type=int, default=10)
+    parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
+    parser.add_argument('--no-progress', action='store_true')
+
+
+def train_one(metric: str, kind: str, depth: int, seed: int,
+              data: tuple[Tensor, ...], channels: int, set_size: int,
+              epochs: int, lr: float) -> dict[str, Any]:
+    """Residuals through depth at initialisation and after training, the
+    held-out accuracy and the last training loss of one run."""
+    x_train, y_train, x_test, y_test = data
+    test_sets = consecutive_sets(x_test.size(0), set_size)
+    seed_everything(seed)
+    model = StackClassifier(x_train.size(1), channels, int(y_train.max()) + 1,
+                            kind, metric, depth)
+    initial = model.residuals(x_test, test_sets)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=1e-4,
+                                 foreach=True)
+
+    def batches(epoch: int):
+        for index in shuffled_sets(x_train.size(0), set_size,
+                                   epoch_generator(seed, epoch)):
+            yield x_train[index], y_train[index]
+
+    def step(model: torch.nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    trainer = Trainer(model, optimizer, step, progress=False)
+    history = trainer.fit(batches, epochs)
+    model.eval()
+    with torch.no_grad():
+        logits = model(x_test, test_sets)
+    return dict(metric=metric, block=kind, depth=depth, seed=seed,
+                initial=initial.mean(1).tolist(),
+                trained=model.residuals(x_test, test_sets).mean(1).tolist(),
+                train_loss=history[-1]['train_loss'] if history else None,
+                test_acc=float((logits.argmax(-1) == y_test).float().mean()))
+
+
+def measure(metrics: list[str], blocks: list[str], depths: list[int],
+            seeds: int, channels: int, set_size: int, num_train: int,
+            num_test: int, epochs: int, lr: float,
+            progress: bool = True) -> dict[str, Any]:
+    from pyg_metric_attn.experiments.tasks.moon import moon_data
+
+    data = moon_data(num_train, num_test, seed=0)
+    grid = list(itertools.product(metrics, blocks, depths, range(seeds)))
+    runs = []
+    bar = tqdm(total=sum(d for _, _, d, _ in grid), desc=NAME, unit='block',
+               disable=not progress)
+    for metric, kind, depth, seed in grid:
+        runs.append(train_one(metric, kind, depth, seed, data, channels,
+                              set_size, epochs, lr))
+        bar.update(depth)
+    bar.close()
+    curves = []
+    for metric, kind, depth in itertools.product(metrics, blocks, depths):
+        mine = [r for r in runs if (r['metric'], r['block'], r['depth'])
+                == (metric, kind, depth)]
+        last_trained = [r['trained'][-1] for r in mine]
+        last_initial = [r['initial'][-1] for r in mine]
+        accuracy = [r['test_acc'] for r in mine]
+        curves.append(dict(
+            metric=metric, block=kind, depth=depth,
+            input_trained=statistics.fmean(r['trained'][0] for r in mine),
+            last_trained=statistics.fmean(last_trained),
+            last_trained_low=min(last_trained),
+            last_trained_high=max(last_trained),
+            last_initial=statistics.fmean(last_initial),
+            test_acc=statistics.fmean(accuracy),
+            test_acc_std=statistics.pstdev(accuracy)))
+    return dict(metrics=metrics, blocks=blocks, depths=depths, seeds=seeds,
+                channels=channels, set_size=set_size, num_train=num_train,
+                num_test=num_test, epochs=epochs, lr=lr, runs=runs,
+                curves=curves)
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    depths = results['depths']
+    lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| of the held-out sets "
+             f"after the last of d blocks, trained for {results['epochs']} "
+             f"epochs (at initialisation in brackets), and held-out accuracy; "
+             f"mean over {results['seeds']} seeds.", '',
+             '| metric | block | ' + ' | '.join(f'd={d}' for d in depths) + ' |',
+             '|' + '---|' * (2 + len(depths))]
+    cells = {(c['metric'], c['block'], c['depth']): c for c in results['curves']}
+    for metric, kind in itertools.product(results['metrics'], results['blocks']):
+        lines.append(f'| {metric} | {kind} | ' + ' | '.join(
+            f"{cells[metric, kind, d]['last_trained']:.2e} "
+            f"({cells[metric, kind, d]['last_initial']:.2e})"
+            for d in depths) + ' |')
+    lines += ['', '| metric | block | ' + ' | '.join(
+        f'acc d={d}' for d in depths) + ' |', '|' + '---|' * (2 + len(depths))]
+    for metric, kind in itertools.product(results['metrics'], results['blocks']):
+        lines.append(f'| {metric} | {kind} | ' + ' | '.join(
+            f"{cells[metric, kind, d]['test_acc']:.3f}" for d in depths) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    from pyg_metric_attn.visualization import file_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / 'results.json', results)
+    atomic_write_text(out / 'summary.md', summary_table(results))
+    blocks, depths = results['blocks'], results['depths']
+    figure = file_figure(figsize=(5 * len(blocks), 7.2))
+    for index, kind in enumerate(blocks):
+        top = figure.add_subplot(2, len(blocks), index + 1)
+        bottom = figure.add_subplot(2, len(blocks), len(blocks) + index + 1)
+        for metric in results['metrics']:
+            cells = [c for c in results['curves']
+                     if (c['metric'], c['block']) == (metric, kind)]
+            # A floor so that an exact rank one (0) still shows on a log axis.
+            floor = 1e-12
+            line, = top.semilogy(depths, [max(c['last_trained'], floor)
+                                          for c in cells], marker='o',
+                                 label=f'{metric}, trained')
+            top.fill_between(depths, [max(c['last_trained_low'], floor)
+                                      for c in cells],
+                             [max(c['last_trained_high'], floor) for c in cells],
+                             color=line.get_color(), alpha=0.2)
+            top.semilogy(depths, [max(c['last_initial'], floor) for c in cells],
+                         linestyle='--', color=line.get_color(),
+                         label=f'{metric}, initialisation')
+            bottom.errorbar(depths, [c['test_acc'] for c in cells],
+                            yerr=[c['test_acc_std'] for c in cells],
+                            marker='o', color=line.get_color(), label=metric,
+                            capsize=3)
+        for ax in (top, bottom):
+            ax.set_xscale('log', base=2)
+            ax.set_xlabel('depth d (blocks)')
+            ax.grid(alpha=0.3, which='both')
+        top.set_title(kind)
+        top.set_ylabel('distance to rank one after block d')
+        bottom.set_ylabel('held-out accuracy')
+        top.legend(fontsize=7)
+        bottom.legend(fontsize=7)
+    figure.tight_layout()
+    path = out / 'rank_collapse_trained.png'
+    with atomic_writer(path) as file:
+        figure.savefig(file, format='png', dpi=110)
+
+
+def main(args: argparse.Namespace) -> int:
+    for name in ('channels', 'set_size', 'num_train', 'num_test', 'epochs',
+                 'seeds'):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.depths) < 1:
+        raise ValueError('--depths must be at least 1')
+    if not args.lr > 0:
+        raise ValueError('--lr must be positive')
+    out = Path(args.out or Path('runs') / NAME)
+    results = measure(parse_names(args.metrics, METRICS, 'metric'),
+                      parse_names(args.blocks, BLOCKS, 'block kind'),
+                      sorted(set(args.depths)), args.seeds, args.channels,
+                      args.set_size, args.num_train, args.num_test, args.epochs,
+                      args.lr, not args.no_progress)
+    write(results, out)
+    print(f'\n{NAME}: results in {out}/\n')
+    print(summary_table(results))
+    return 0
