@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group('training of phi')
     training.add_argument('--hidden', type=int, default=16,
                           help='hidden width of phi')
-    training.add_argument('--steps', type=int, default=1000)
+    training.add_argument('--steps', type=int, default=400)
     training.add_argument('--lr', type=float, default=3e-3)
     training.add_argument('--train-time', type=float, default=0.05,
                           help='heat-kernel time t of the regression')
@@ -289,6 +289,8 @@ def write(results: dict[str, Any], out: Path) -> None:
             right.loglog(sizes, [curve['best'][name][f'{n}'] for n in sizes],
                          linestyle=styles[name], marker='o', label=labels[name])
         right.set_title(f"{curve['manifold']}: smallest error over t", fontsize=8)
+        right.set_xticks(sizes, [f'{n}' for n in sizes], minor=False)
+        right.set_xticks([], minor=True)
         right.set_xlabel('n')
         right.set_ylabel('relative error')
         right.legend(fontsize=7)

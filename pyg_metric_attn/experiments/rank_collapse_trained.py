@@ -18,8 +18,9 @@ and after training, the distance of each held-out set's features to rank one,
 :math:`H_0, \dots, H_d`, and the held-out accuracy after training. Written
 to the output folder: ``results.json`` (every run), ``summary.md`` (the
 distance at the last block and the accuracy per depth, trained and at
-initialisation) and ``rank_collapse_trained.png`` (those against depth, one
-panel per block kind).
+initialisation) and ``rank_collapse_trained.png`` (those against depth, and
+the distance through the deepest stack, one column per block kind; an exact
+rank one is drawn at 1e-12).
 """
 from __future__ import annotations
 
@@ -208,15 +209,17 @@ def write(results: dict[str, Any], out: Path) -> None:
     atomic_write_json(out / 'results.json', results)
     atomic_write_text(out / 'summary.md', summary_table(results))
     blocks, depths = results['blocks'], results['depths']
-    figure = file_figure(figsize=(5 * len(blocks), 7.2))
+    deepest = depths[-1]
+    # A floor so that an exact rank one (0) still shows on a log axis.
+    floor = 1e-12
+    figure = file_figure(figsize=(5 * len(blocks), 10.8))
     for index, kind in enumerate(blocks):
-        top = figure.add_subplot(2, len(blocks), index + 1)
-        bottom = figure.add_subplot(2, len(blocks), len(blocks) + index + 1)
+        top = figure.add_subplot(3, len(blocks), index + 1)
+        bottom = figure.add_subplot(3, len(blocks), len(blocks) + index + 1)
+        through = figure.add_subplot(3, len(blocks), 2 * len(blocks) + index + 1)
         for metric in results['metrics']:
             cells = [c for c in results['curves']
                      if (c['metric'], c['block']) == (metric, kind)]
-            # A floor so that an exact rank one (0) still shows on a log axis.
-            floor = 1e-12
             line, = top.semilogy(depths, [max(c['last_trained'], floor)
                                           for c in cells], marker='o',
                                  label=f'{metric}, trained')
@@ -231,15 +234,30 @@ def write(results: dict[str, Any], out: Path) -> None:
                             yerr=[c['test_acc_std'] for c in cells],
                             marker='o', color=line.get_color(), label=metric,
                             capsize=3)
+            runs = [r for r in results['runs'] if (r['metric'], r['block'],
+                                                   r['depth']) == (metric, kind,
+                                                                   deepest)]
+            for key, style in (('trained', '-'), ('initial', '--')):
+                mean = [statistics.fmean(r[key][k] for r in runs)
+                        for k in range(deepest + 1)]
+                through.semilogy(range(deepest + 1), [max(m, floor) for m in mean],
+                                 linestyle=style, color=line.get_color(),
+                                 label=f'{metric}, {key}')
         for ax in (top, bottom):
             ax.set_xscale('log', base=2)
+            ax.set_xticks(depths, [f'{d}' for d in depths], minor=False)
+            ax.set_xticks([], minor=True)
             ax.set_xlabel('depth d (blocks)')
             ax.grid(alpha=0.3, which='both')
         top.set_title(kind)
         top.set_ylabel('distance to rank one after block d')
         bottom.set_ylabel('held-out accuracy')
-        top.legend(fontsize=7)
-        bottom.legend(fontsize=7)
+        through.set_title(f'{kind}: through the {deepest}-block stack')
+        through.set_xlabel('block')
+        through.set_ylabel('distance to rank one')
+        through.grid(alpha=0.3, which='both')
+        for ax in (top, bottom, through):
+            ax.legend(fontsize=7)
     figure.tight_layout()
     path = out / 'rank_collapse_trained.png'
     with atomic_writer(path) as file:
