@@ -253,7 +253,7 @@ def test_propagation_over_the_mapped_points_tends_to_the_induced_target(b):
     assert errors[0] < 5e-3
     assert log_log_slope(ts, errors) == pytest.approx(1.0, abs=0.15)
     estimate = propagation_generator(points, f, ts[0])
-    assert relative_rms(estimate, scale * euclidean, induced) > 0.2
+    assert relative_rms(estimate, scale * euclidean, induced) > 0.5
 
 
 def fd_target(chart, phi, c, step=1e-5):
