@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='training points (two moons, noise 0.2)')
     parser.add_argument('--num-test', type=int, default=400,
                         help='held-out points: accuracy and the distances')
-    parser.add_argument('--epochs', type=int, default=50)
+    parser.add_argument('--epochs', type=int, default=40)
     parser.add_argument('--lr', type=float, default=2e-3)
     parser.add_argument('--seeds', type=int, default=10)
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
