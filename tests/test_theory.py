@@ -413,7 +413,7 @@ def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
 
     from pyg_metric_attn.cli import main
     out = tmp_path / 'trained'
-    assert main(['experiment', 'rank_collapse_trained', '--depths', '1', '3',
+    assert main(['experiment', 'rank_collapse_trained', '--depths', '1', '2',
                  '--metrics', 'dot,metric', '--blocks', 'attention,skip',
                  '--seeds', '1', '--epochs', '3', '--set-size', '20',
                  '--num-train', '40', '--num-test', '40', '--out', str(out),
