@@ -174,11 +174,8 @@ def test_head_block_csr_layout():
     expected = products[:, edge_index[1], edge_index[0]].t()  # [E, H]
     assert torch.allclose(graph.to_edges(graph.sampled_dot(a, b)), expected)
     rows = torch.randn(H * 4, dtype=torch.double, generator=g)
-    columns = torch.randn(H * 5, dtype=torch.double, generator=g)
     assert torch.equal(graph.to_edges(graph.broadcast_rows(rows)),
                        rows.view(H, 4)[:, edge_index[1]].t())
-    assert torch.equal(graph.to_edges(graph.broadcast_columns(columns)),
-                       columns.view(H, 5)[:, edge_index[0]].t())
     node_values = torch.randn(5, H, 2, dtype=torch.double, generator=g)
     assert torch.equal(to_blocks(node_values)[5:10], node_values[:, 1])
 

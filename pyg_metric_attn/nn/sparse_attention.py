@@ -4,7 +4,7 @@ On the CSR pattern :math:`A` that a graph's heads share
 (:class:`~pyg_metric_attn.utils.csr.HeadBlockCSR`) one layer is
 
 .. math::
-    s = \mathrm{SDDMM}_A(Q, K) - \|K\|^2_{\mathrm{col}} / t + b, \qquad
+    s = \mathrm{SDDMM}_A([Q, 1], [K, -\|K\|^2 / t]) + b, \qquad
     \alpha = \mathrm{softmax}_{\mathrm{row}}(s), \qquad
     \mathrm{out} = A_\alpha V,
 
@@ -142,11 +142,14 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
     exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
     if exact:
         query, key = query.double(), key.double()
-    key = to_blocks(key)
-    logits = SampledDot.apply(graph, to_blocks(_scaled_query(query, metric,
-                                                             time_scale)), key)
+    query = to_blocks(_scaled_query(query, metric, time_scale))  # [H N_dst, D]
+    key = to_blocks(key)  # [H N_src, D]
     if metric != 'dot':
-        logits = logits - graph.broadcast_columns(key.square().sum(-1) / time_scale)
+        # Both terms in one SDDMM: <[Q_i, 1], [K_j, -|K_j|^2 / t]>.
+        query = torch.cat([query, query.new_ones(query.size(0), 1)], dim=1)
+        key = torch.cat([key, key.square().sum(-1, keepdim=True)
+                         / -time_scale], dim=1)
+    logits = SampledDot.apply(graph, query, key)
     if exact:  # float64 logits may lie beyond float32's range
         row_max = graph.row_reduce(logits.detach(), 'max')
         logits = (logits - graph.broadcast_rows(row_max)).to(dtype)

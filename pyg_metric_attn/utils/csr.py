@@ -137,11 +137,6 @@ class HeadBlockCSR:
         """``[H N_dst]`` -> ``[H E]``: each entry gets its row's value."""
         return row_values.view(self.heads, -1).index_select(1, self.row).view(-1)
 
-    def broadcast_columns(self, column_values: Tensor) -> Tensor:
-        """``[H N_src]`` -> ``[H E]``: each entry gets its column's value."""
-        return column_values.view(self.heads, -1).index_select(
-            1, self.col).view(-1)
-
     def from_edges(self, edge_values: Tensor) -> Tensor:
         """``[E, H]`` in the caller's edge order -> ``[H E]`` block order."""
         return edge_values.index_select(0, self.perm).t().reshape(-1)
