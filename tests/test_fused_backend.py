@@ -157,14 +157,25 @@ def test_head_block_csr_layout():
     values = torch.randn(E, H, dtype=torch.double, generator=g)
     blocks = graph.from_edges(values)
     assert torch.equal(graph.to_edges(blocks), values)
-    # Block h of A is the adjacency weighted by values[:, h] (duplicates add).
+    # Head h's matrix is the adjacency weighted by values[:, h] (duplicates
+    # add), and every kernel computes with it.
     dense = torch.zeros(H, 4, 5, dtype=torch.double)
     for h in range(H):
         dense[h].index_put_((edge_index[1], edge_index[0]), values[:, h],
                             accumulate=True)
-    expected = torch.block_diag(*dense)
-    assert torch.allclose(graph.matrix(blocks).to_dense(), expected)
-    assert torch.allclose(graph.transposed_matrix(blocks).to_dense(), expected.T)
+    eye_src = torch.eye(5, dtype=torch.double).repeat(H, 1)  # [H N_src, N_src]
+    eye_dst = torch.eye(4, dtype=torch.double).repeat(H, 1)
+    assert torch.allclose(graph.aggregate(blocks, eye_src), dense.flatten(0, 1))
+    assert torch.allclose(graph.aggregate_transposed(blocks, eye_dst),
+                          dense.transpose(1, 2).flatten(0, 1))
+    a = torch.randn(H * 4, 2, dtype=torch.double, generator=g)
+    b = torch.randn(H * 5, 2, dtype=torch.double, generator=g)
+    products = a.view(H, 4, 2) @ b.view(H, 5, 2).transpose(1, 2)  # [H, 4, 5]
+    expected = products[:, edge_index[1], edge_index[0]].t()  # [E, H]
+    assert torch.allclose(graph.to_edges(graph.sampled_dot(a, b)), expected)
+    rows = torch.randn(H * 4, dtype=torch.double, generator=g)
+    assert torch.equal(graph.to_edges(graph.broadcast_rows(rows)),
+                       rows.view(H, 4)[:, edge_index[1]].t())
     node_values = torch.randn(5, H, 2, dtype=torch.double, generator=g)
     assert torch.equal(to_blocks(node_values)[5:10], node_values[:, 1])
 

@@ -1,10 +1,10 @@
 r"""Fused sparse metric-attention: SDDMM, segment softmax and SpMM on a CSR view.
 
-On the block-diagonal CSR matrix :math:`A` of a graph's heads
+On the CSR pattern :math:`A` that a graph's heads share
 (:class:`~pyg_metric_attn.utils.csr.HeadBlockCSR`) one layer is
 
 .. math::
-    s = \mathrm{SDDMM}_A(Q, K) - \|K\|^2_{\mathrm{col}} / t + b, \qquad
+    s = \mathrm{SDDMM}_A([Q, 1], [K, -\|K\|^2 / t]) + b, \qquad
     \alpha = \mathrm{softmax}_{\mathrm{row}}(s), \qquad
     \mathrm{out} = A_\alpha V,
 
@@ -44,12 +44,6 @@ from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.csr import HeadBlockCSR, from_blocks, to_blocks
 
 
-def _sampled_dot(graph: HeadBlockCSR, a: Tensor, b: Tensor) -> Tensor:
-    """``[H E]``: :math:`a_{row} \\cdot b_{col}` for every entry of ``A``."""
-    pattern = graph.matrix(a.new_zeros(graph.heads * graph.num_edges))
-    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0).values()
-
-
 class SampledDot(torch.autograd.Function):
     r"""SDDMM :math:`s_e = \langle a_{\mathrm{row}(e)}, b_{\mathrm{col}(e)}
     \rangle`; gradients :math:`A_g b` and :math:`A_g^\top a` (SpMMs)."""
@@ -58,7 +52,7 @@ class SampledDot(torch.autograd.Function):
         ctx.graph = graph
         ctx.save_for_backward(a, b)
         with torch.autocast(a.device.type, enabled=False):
-            return _sampled_dot(graph, a, b)
+            return graph.sampled_dot(a, b)
 
     @staticmethod
     @once_differentiable
@@ -67,9 +61,9 @@ class SampledDot(torch.autograd.Function):
         grad = grad.contiguous()
         grad_a = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_a = ctx.graph.matrix(grad) @ b
+            grad_a = ctx.graph.aggregate(grad, b)
         if ctx.needs_input_grad[2]:
-            grad_b = ctx.graph.transposed_matrix(grad) @ a
+            grad_b = ctx.graph.aggregate_transposed(grad, a)
         return None, grad_a, grad_b
 
 
@@ -81,7 +75,7 @@ class SparseAggregate(torch.autograd.Function):
         ctx.graph = graph
         ctx.save_for_backward(weights, value)
         with torch.autocast(value.device.type, enabled=False):
-            return graph.matrix(weights) @ value
+            return graph.aggregate(weights, value)
 
     @staticmethod
     @once_differentiable
@@ -90,9 +84,9 @@ class SparseAggregate(torch.autograd.Function):
         grad = grad.contiguous()
         grad_weights = grad_value = None
         if ctx.needs_input_grad[1]:
-            grad_weights = _sampled_dot(ctx.graph, grad, value)
+            grad_weights = ctx.graph.sampled_dot(grad, value)
         if ctx.needs_input_grad[2]:
-            grad_value = ctx.graph.transposed_matrix(weights) @ grad
+            grad_value = ctx.graph.aggregate_transposed(weights, grad)
         return None, grad_weights, grad_value
 
 
@@ -148,11 +142,14 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
     exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
     if exact:
         query, key = query.double(), key.double()
-    key = to_blocks(key)
-    logits = SampledDot.apply(graph, to_blocks(_scaled_query(query, metric,
-                                                             time_scale)), key)
+    query = to_blocks(_scaled_query(query, metric, time_scale))  # [H N_dst, D]
+    key = to_blocks(key)  # [H N_src, D]
     if metric != 'dot':
-        logits = logits - (key.square().sum(-1) / time_scale)[graph.col]
+        # Both terms in one SDDMM: <[Q_i, 1], [K_j, -|K_j|^2 / t]>.
+        query = torch.cat([query, query.new_ones(query.size(0), 1)], dim=1)
+        key = torch.cat([key, key.square().sum(-1, keepdim=True)
+                         / -time_scale], dim=1)
+    logits = SampledDot.apply(graph, query, key)
     if exact:  # float64 logits may lie beyond float32's range
         row_max = graph.row_reduce(logits.detach(), 'max')
         logits = (logits - graph.broadcast_rows(row_max)).to(dtype)

@@ -1,19 +1,26 @@
-r"""A graph as the block-diagonal CSR matrix of its attention heads.
+r"""A graph's sparsity pattern, shared by its attention heads, as CSR.
 
 Multi-head attention on a graph with :math:`E` edges keeps :math:`H` numbers
-per edge. :class:`HeadBlockCSR` lays them out as the values of one sparse
-matrix with :math:`H` diagonal blocks,
+per edge: one sparse matrix per head,
 
 .. math::
-    A = \mathrm{diag}(A_1, \dots, A_H) \in
-    \mathbb{R}^{H N_{dst} \times H N_{src}}, \qquad
+    A_h \in \mathbb{R}^{N_{dst} \times N_{src}}, \qquad
     (A_h)_{ij} \ne 0 \iff (j \to i) \in \mathcal{E},
 
-rows sorted by destination. Node tensors ``[N, H, K]`` become ``[H N, K]``
-(head-major), so one sparse kernel call serves all heads: the sampled dense
-product (SDDMM) gives the per-edge logits and ``A @ V`` (SpMM) aggregates.
-Per-edge values are flat ``[H E]`` tensors in block order; the helpers map them
-to and from the caller's ``[E, H]`` edge order.
+all with the same pattern. :class:`HeadBlockCSR` stores that pattern once
+(rows sorted by destination, 32-bit indices where they fit) and runs each
+sparse kernel head by head on it: the sampled dense product (SDDMM) gives the
+per-edge logits, ``A_h @ V_h`` (SpMM) aggregates, and the transposed pattern
+serves the source-side gradients. Per-edge values are flat ``[H E]`` tensors,
+head-major (head ``h`` holds entries ``h E`` to ``(h + 1) E``, in CSR order);
+node tensors ``[N, H, K]`` become head-major ``[H N, K]`` (:func:`to_blocks`).
+The helpers map per-edge values to and from the caller's ``[E, H]`` edge order.
+
+Memory: five 32-bit index arrays of :math:`E` entries (the pattern's columns
+and rows, the transpose's columns, the permutations to the transpose and to
+the caller's order), whatever :math:`H`; every kernel's per-edge temporaries
+are one head's :math:`E` entries, not :math:`H E`. Gathers use
+:func:`torch.index_select`, which takes the 32-bit indices as they are.
 """
 from __future__ import annotations
 
@@ -31,17 +38,6 @@ def _csr_matrix(crow: Tensor, col: Tensor, values: Tensor,
                                        check_invariants=False)
 
 
-def _block_indices(ptr: Tensor, index: Tensor, heads: int, num_cols: int,
-                   dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``crow``/``col`` of ``diag(A, ..., A)`` (``heads`` copies of ``A``)."""
-    nnz = index.numel()
-    offsets = torch.arange(heads, device=index.device).view(-1, 1)
-    crow = torch.cat([(ptr[:-1].view(1, -1) + offsets * nnz).flatten(),
-                      ptr.new_full((1, ), heads * nnz)])
-    col = (index.view(1, -1) + offsets * num_cols).flatten()
-    return crow.to(dtype), col.to(dtype)
-
-
 def sort_by_segment(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
     """Stable order of ``keys`` (in ``[0, num_segments)``) and the CSR pointer
     of the sorted keys (by binary search: no host sync on GPUs)."""
@@ -51,77 +47,105 @@ def sort_by_segment(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
 
 
 class HeadBlockCSR:
-    r"""The graph ``edge_index`` (``[2, E]``, row 0 = source) as the
-    block-diagonal CSR matrix of ``heads`` copies of its adjacency.
+    r"""The graph ``edge_index`` (``[2, E]``, row 0 = source) as one CSR
+    pattern that ``heads`` attention heads share (see the module docstring).
 
     Args:
         edge_index (torch.Tensor): The edges ``j -> i`` as ``[2, E]``.
         num_src (int): Number of source nodes :math:`N_{src}`.
         num_dst (int): Number of destination nodes :math:`N_{dst}`.
-        heads (int): Number of blocks :math:`H`.
+        heads (int): Number of heads :math:`H`.
     """
     def __init__(self, edge_index: Tensor, num_src: int, num_dst: int,
                  heads: int):
         self.num_src, self.num_dst, self.heads = num_src, num_dst, heads
-        self.num_edges = edge_index.size(1)
-        largest = heads * max(num_src, num_dst, self.num_edges)
-        self.index_dtype = torch.int32 if largest < 2**31 - 1 else torch.int64
-        src, dst = edge_index[0], edge_index[1]
+        self.num_edges = num_edges = edge_index.size(1)
+        largest = max(num_src, num_dst, num_edges)
+        self.index_dtype = dtype = (torch.int32 if largest < 2**31 - 1
+                                    else torch.int64)
+        device = edge_index.device
+        perm, self.ptr = sort_by_segment(edge_index[1], num_dst)
         # perm[k]: the caller's edge at CSR position k.
-        self.perm, self.ptr = sort_by_segment(dst, num_dst)
-        self.src = src[self.perm]
-        self.crow, self.col = _block_indices(self.ptr, self.src, heads, num_src,
-                                             self.index_dtype)
-        self._row_offsets = self.crow.long()  # segment_reduce takes int64
-        # The block row of every entry, to broadcast per-row values.
+        self.perm = perm.to(dtype)
+        src = edge_index[0].index_select(0, perm)
+        self.crow, self.col = self.ptr.to(dtype), src.to(dtype)
+        # The destination of every entry, to broadcast per-row values.
         self.row = torch.repeat_interleave(
-            torch.arange(heads * num_dst, device=dst.device,
-                         dtype=self.index_dtype),
-            self.crow.diff(), output_size=heads * self.num_edges)
-        self._transpose: tuple[Tensor, Tensor, Tensor] | None = None
+            torch.arange(num_dst, device=device, dtype=dtype), self.ptr.diff(),
+            output_size=num_edges)
+        # The transposed pattern (rows = sources) and, for each of its
+        # entries, the entry of the pattern it holds.
+        order, src_ptr = sort_by_segment(src, num_src)
+        self.transpose_crow = src_ptr.to(dtype)
+        self.transpose_col = self.row.index_select(0, order)
+        self.transpose_gather = order.to(dtype)
+        # Block-row offsets of [H E] values (segment_reduce takes int64).
+        offsets = torch.arange(heads, device=device).view(-1, 1) * num_edges
+        self._row_offsets = torch.cat([
+            (self.ptr[:-1].view(1, -1) + offsets).flatten(),
+            self.ptr.new_full((1, ), heads * num_edges)])
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.heads * self.num_dst, self.heads * self.num_src
+    def _heads(self, block_values: Tensor) -> list[Tensor]:
+        """``[H E]`` -> the ``H`` contiguous ``[E]`` slices of the heads."""
+        return list(block_values.view(self.heads, self.num_edges).unbind(0))
 
-    def matrix(self, values: Tensor) -> Tensor:
-        """The sparse CSR matrix ``A`` holding ``values`` (``[H E]``)."""
-        return _csr_matrix(self.crow, self.col, values, self.shape)
+    def _node_heads(self, nodes: Tensor) -> list[Tensor]:
+        """Head-major ``[H N, K]`` -> the ``H`` slices ``[N, K]``."""
+        return list(nodes.view(self.heads, nodes.size(0) // self.heads,
+                               nodes.size(-1)).unbind(0))
 
-    def transposed_matrix(self, values: Tensor) -> Tensor:
-        """``A^T`` as a CSR matrix (rows = source nodes), for ``values`` of
-        ``A`` in block order. Its structure is built on first use."""
-        if self._transpose is None:
-            order, ptr = sort_by_segment(self.src, self.num_src)
-            dst = torch.repeat_interleave(
-                torch.arange(self.num_dst, device=ptr.device), self.ptr.diff(),
-                output_size=self.num_edges)
-            crow, col = _block_indices(ptr, dst[order], self.heads,
-                                       self.num_dst, self.index_dtype)
-            offsets = torch.arange(self.heads, device=ptr.device).view(-1, 1)
-            gather = (order.view(1, -1) + offsets * self.num_edges).flatten()
-            self._transpose = (crow, col, gather)
-        crow, col, gather = self._transpose
-        return _csr_matrix(crow, col, values[gather],
-                           (self.shape[1], self.shape[0]))
+    def sampled_dot(self, a: Tensor, b: Tensor) -> Tensor:
+        r"""``[H E]``: :math:`\langle a_{h, \mathrm{dst}(e)}, b_{h,
+        \mathrm{src}(e)} \rangle` for every head and entry, with ``a``
+        ``[H N_dst, K]`` and ``b`` ``[H N_src, K]`` head-major."""
+        # Zeros: with beta = 0 the kernel still propagates NaN in the input.
+        out = a.new_zeros(self.heads * self.num_edges)
+        for a_h, b_h, out_h in zip(self._node_heads(a), self._node_heads(b),
+                                   self._heads(out), strict=True):
+            pattern = _csr_matrix(self.crow, self.col, out_h,
+                                  (self.num_dst, self.num_src))
+            torch.sparse.sampled_addmm(pattern, a_h, b_h.t(), beta=0.0,
+                                       out=pattern)  # into out_h
+        return out
+
+    def aggregate(self, weights: Tensor, value: Tensor) -> Tensor:
+        """``A_h @ value_h`` for every head: ``[H E]`` weights, ``[H N_src,
+        C]`` values -> ``[H N_dst, C]``."""
+        return torch.cat([
+            _csr_matrix(self.crow, self.col, w_h,
+                        (self.num_dst, self.num_src)) @ v_h
+            for w_h, v_h in zip(self._heads(weights), self._node_heads(value),
+                                strict=True)])
+
+    def aggregate_transposed(self, weights: Tensor, grad: Tensor) -> Tensor:
+        """``A_h^T @ grad_h`` for every head: ``[H E]`` weights of ``A``,
+        ``[H N_dst, C]`` -> ``[H N_src, C]``."""
+        return torch.cat([
+            _csr_matrix(self.transpose_crow, self.transpose_col,
+                        w_h.index_select(0, self.transpose_gather),
+                        (self.num_src, self.num_dst)) @ g_h
+            for w_h, g_h in zip(self._heads(weights), self._node_heads(grad),
+                                strict=True)])
 
     def row_reduce(self, values: Tensor, reduce: str) -> Tensor:
-        """Reduce ``[H E]`` values per block row to ``[H N_dst]`` (empty rows
-        give the reduction's identity: 0 for ``'sum'``, ``-inf`` for ``'max'``)."""
+        """Reduce ``[H E]`` values per head and destination to ``[H N_dst]``
+        (empty rows give the reduction's identity: 0 for ``'sum'``, ``-inf``
+        for ``'max'``)."""
         return torch.segment_reduce(values, reduce, offsets=self._row_offsets)
 
     def broadcast_rows(self, row_values: Tensor) -> Tensor:
         """``[H N_dst]`` -> ``[H E]``: each entry gets its row's value."""
-        return row_values[self.row]
+        return row_values.view(self.heads, -1).index_select(1, self.row).view(-1)
 
     def from_edges(self, edge_values: Tensor) -> Tensor:
         """``[E, H]`` in the caller's edge order -> ``[H E]`` block order."""
-        return edge_values[self.perm].t().reshape(-1)
+        return edge_values.index_select(0, self.perm).t().reshape(-1)
 
     def to_edges(self, block_values: Tensor) -> Tensor:
         """``[H E]`` block order -> ``[E, H]`` in the caller's edge order."""
         out = block_values.new_empty(self.num_edges, self.heads)
-        out[self.perm] = block_values.view(self.heads, self.num_edges).t()
+        out.index_copy_(0, self.perm.long(),
+                        block_values.view(self.heads, self.num_edges).t())
         return out
 
 
