@@ -128,10 +128,14 @@ def _scaled_query(query: Tensor, metric: str,
 
 def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
                  metric: str = 'metric',
-                 time_scale: float | Tensor = 1.0) -> Tensor:
+                 time_scale: float | Tensor = 1.0,
+                 row_term: bool = False) -> Tensor:
     r"""Per-edge logits in block order, ``[H E]``, up to a per-row constant
     (computed in float64 and shifted to a row maximum of 0 where float32
     would round them by more than the tolerance: see the module docstring).
+    With ``row_term`` the logits are whole (the row constant included, no
+    shift; float64 where float32 would round them too much), as
+    normalisations other than the row softmax need them.
 
     Args:
         query (torch.Tensor): Destination points ``[N_dst, H, D]``.
@@ -141,6 +145,7 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
             without the row constant :math:`-\|q_i - c\|^2 / t`) or ``'dot'``
             (:math:`q_i^\top k_j / (\sqrt{D} t)`).
         time_scale (float or torch.Tensor): The time scale :math:`t`.
+        row_term (bool): Include the row constant. (default: :obj:`False`)
     """
     if check_metric(metric) != 'dot':
         query, key = centred(query, key, dim=0)
@@ -153,6 +158,11 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
                                                              time_scale)), key)
     if metric != 'dot':
         logits = logits - (key.square().sum(-1) / time_scale)[graph.col]
+        if row_term:
+            logits = logits - graph.broadcast_rows(
+                to_blocks(query).square().sum(-1) / time_scale)
+    if exact and row_term:  # whole logits may lie beyond float32's range
+        return logits
     if exact:  # float64 logits may lie beyond float32's range
         row_max = graph.row_reduce(logits.detach(), 'max')
         logits = (logits - graph.broadcast_rows(row_max)).to(dtype)
