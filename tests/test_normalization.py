@@ -411,3 +411,38 @@ def test_repr_names_a_normalisation_other_than_row():
         MetricAttentionConv(4, 3, normalization='sinkhorn'))
     assert "normalization='global'" in repr(
         MetricMultiheadAttention(8, 2, normalization='global'))
+
+
+def test_experiment_options_reach_the_layers():
+    """``-o normalization=...`` (and the former's ``former_normalization``)
+    build the tasks' attention layers with it."""
+    pytest.importorskip('sklearn')
+    from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
+    from pyg_metric_attn.experiments.tasks.moon import MoonTask
+    from pyg_metric_attn.nn.models import MetricMeshFormer
+
+    moon = MoonTask(normalization='sinkhorn', sinkhorn_iterations=5)
+    conv = moon.build_model('metric').convs[0]
+    assert (conv.normalization, conv.sinkhorn_iterations) == ('sinkhorn', 5)
+    human_seg = HumanSegTask(normalization='column')
+    assert human_seg.build_model('metric').convs[0].normalization == 'column'
+    with pytest.raises(ValueError, match="normalization='global' must be"):
+        HumanSegTask(normalization='global')  # the IPN passes no batch
+    former = MetricMeshFormer(3, 4, hidden_channels=8, heads=2, num_layers=1,
+                              normalization='sinkhorn', sinkhorn_iterations=2)
+    for attention in (former.blocks[0].local, former.blocks[0].global_attention):
+        assert (attention.normalization, attention.sinkhorn_iterations) == (
+            'sinkhorn', 2)
+
+
+def test_the_former_normalises_each_mesh_of_a_batch_globally():
+    from pyg_metric_attn.nn.models import MetricMeshFormer
+
+    torch.manual_seed(0)
+    former = MetricMeshFormer(3, 4, hidden_channels=8, heads=2, num_layers=1,
+                              normalization='global').double().eval()
+    x, edge_index, batch = random_batch(num_graphs=2, num_nodes=6, channels=3)
+    together = former(x, edge_index, batch)
+    first = batch == 0
+    alone = former(x[first], edge_index[:, first[edge_index[1]]])
+    torch.testing.assert_close(together[first], alone, rtol=1e-10, atol=1e-10)
