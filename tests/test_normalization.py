@@ -446,3 +446,16 @@ def test_the_former_normalises_each_mesh_of_a_batch_globally():
     first = batch == 0
     alone = former(x[first], edge_index[:, first[edge_index[1]]])
     torch.testing.assert_close(together[first], alone, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('normalization', OTHERS)
+def test_weights_come_back_in_the_layers_dtype(normalization, backend):
+    """Also where the fused logits are computed in float64 (huge points)."""
+    x, edge_index, batch = random_batch(dtype=torch.float32)
+    conv = layer(normalization, backend).float()
+    call = {'batch': batch} if normalization == 'global' else {}
+    for scale in (1.0, 1e19):
+        out, (_, alpha) = conv(x * scale, edge_index,
+                               return_attention_weights=True, **call)
+        assert out.dtype == alpha.dtype == torch.float32

@@ -626,7 +626,7 @@ class MetricAttentionConv(MessagePassing):
                                     to_blocks(values.to(alpha.dtype)))
         out = from_blocks(out, self.heads).to(values.dtype)
         out = self._mean_over_edges(out, graph.ptr)
-        return out, alpha if need_weights else None
+        return out, alpha.to(z_src.dtype) if need_weights else None
 
     def _normalized(self, logits: Tensor, edge_bias: OptTensor,
                     dropout_mask: OptTensor, dst: Tensor, src: Tensor,
