@@ -94,6 +94,44 @@ def _normalize_segments(log_weights: Tensor, index: Tensor,
         log_weights, segment_logsumexp(log_weights, index, num_segments)[index])
 
 
+def row_normalized(logits: Tensor, dst: Tensor, num_dst: int,
+                   ptr: Tensor | None = None) -> Tensor:
+    """``'row'``: the softmax over each destination's in-edges (PyG's
+    :func:`~torch_geometric.utils.softmax`; ``ptr``: the CSR pointer of
+    ``dst`` where the edges are sorted by it)."""
+    return softmax(logits, dst, ptr, num_dst)
+
+
+def column_normalized(logits: Tensor, src: Tensor, num_src: int) -> Tensor:
+    """``'column'``: the softmax over each source's out-edges."""
+    return _normalize_segments(logits, src, num_src).exp()
+
+
+def sinkhorn_normalized(logits: Tensor, dst: Tensor, src: Tensor,
+                        num_dst: int, num_src: int,
+                        iterations: int = 3) -> Tensor:
+    """``'sinkhorn'``: ``iterations`` times a column then a row normalisation,
+    in log space (rows sum to 1 exactly)."""
+    log_weights = logits
+    for _ in range(iterations):
+        log_weights = _normalize_segments(log_weights, src, num_src)
+        log_weights = _normalize_segments(log_weights, dst, num_dst)
+    return log_weights.exp()
+
+
+def global_normalized(logits: Tensor, edge_graph: Tensor | None = None,
+                      num_graphs: int | None = None) -> Tensor:
+    """``'global'``: the softmax over all edges of each graph (``edge_graph``:
+    the graph of each edge, :obj:`None` for one graph; ``num_graphs``: by
+    default the largest graph index plus one)."""
+    if edge_graph is None:
+        edge_graph = logits.new_zeros(logits.size(0), dtype=torch.long)
+        num_graphs = 1
+    elif num_graphs is None:
+        num_graphs = int(edge_graph.max()) + 1 if edge_graph.numel() else 0
+    return _normalize_segments(logits, edge_graph, num_graphs).exp()
+
+
 def normalize_edge_logits(
     logits: Tensor,
     normalization: str,
@@ -106,7 +144,8 @@ def normalize_edge_logits(
     sinkhorn_iterations: int = 3,
     ptr: Tensor | None = None,
 ) -> Tensor:
-    r"""Attention weights ``[E, H]`` from per-edge logits ``[E, H]``.
+    r"""Attention weights ``[E, H]`` from per-edge logits ``[E, H]`` by the
+    named normalisation (one of the functions above).
 
     Args:
         logits (torch.Tensor): Logits :math:`s` of the edges ``[E, H]``.
@@ -126,22 +165,14 @@ def normalize_edge_logits(
             are sorted by destination (``'row'`` only, as PyG's softmax).
     """
     if normalization == 'row':
-        return softmax(logits, dst, ptr, num_dst)
+        return row_normalized(logits, dst, num_dst, ptr)
     if normalization == 'column':
-        return _normalize_segments(logits, src, num_src).exp()
-    if normalization == 'global':
-        if edge_graph is None:
-            edge_graph = torch.zeros_like(dst)
-            num_graphs = 1
-        elif num_graphs is None:
-            num_graphs = int(edge_graph.max()) + 1 if edge_graph.numel() else 0
-        return _normalize_segments(logits, edge_graph, num_graphs).exp()
+        return column_normalized(logits, src, num_src)
     if normalization == 'sinkhorn':
-        log_weights = logits
-        for _ in range(sinkhorn_iterations):
-            log_weights = _normalize_segments(log_weights, src, num_src)
-            log_weights = _normalize_segments(log_weights, dst, num_dst)
-        return log_weights.exp()
+        return sinkhorn_normalized(logits, dst, src, num_dst, num_src,
+                                   sinkhorn_iterations)
+    if normalization == 'global':
+        return global_normalized(logits, edge_graph, num_graphs)
     check_normalization(normalization, sinkhorn_iterations)
     raise AssertionError  # unreachable: check_normalization raised
 
