@@ -63,6 +63,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_metric_attn.nn.normalization import (
+    check_normalization,
+    normalize_dense_logits,
+)
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.denormals import denormals_flushed, flush_in_backward
 
@@ -118,6 +122,8 @@ def dense_metric_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    normalization: str = 'row',
+    sinkhorn_iterations: int = 3,
 ) -> tuple[Tensor, Tensor | None]:
     r"""All-pairs attention ``softmax(logits + mask) @ value``.
 
@@ -135,21 +141,31 @@ def dense_metric_attention(
         dropout_p (float): Dropout probability on the attention weights.
         need_weights (bool): Also return the ``[..., L_q, L_k]`` weights (runs
             an explicit, non-fused computation).
+        normalization (str): ``'row'`` (the softmax over keys), or
+            ``'column'``, ``'sinkhorn'``, ``'global'``
+            (:func:`~pyg_metric_attn.nn.normalization.normalize_dense_logits`),
+            which run on the explicit ``[..., L_q, L_k]`` score matrix
+            (:math:`O(L_q L_k)` memory) and leave masked entries out of
+            every normalisation.
+        sinkhorn_iterations (int): Column-then-row steps of ``'sinkhorn'``.
 
     Returns:
         ``(output [..., L_q, C], weights or None)``. A query row that may
-        attend to no key gets NaN, as in SDPA.
+        attend to no key gets NaN, as in SDPA (weights 0 with the other
+        normalisations).
     """
     check_metric(metric)
+    check_normalization(normalization, sinkhorn_iterations)
     if metric != 'dot':
         attended = _attended_keys(attn_mask)
         query, key = centred(query, key, mask=attended)
         if attended is not None:
             key = torch.where(attended, key, 0)
     exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
-    if need_weights or exact:
+    if need_weights or exact or normalization != 'row':
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
-                                           attn_mask, is_causal, dropout_p, exact)
+                                           attn_mask, is_causal, dropout_p, exact,
+                                           normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
     if metric == 'dot':
         scale = 1.0 / (math.sqrt(query.size(-1)) * time_scale)
@@ -291,16 +307,18 @@ def _combine_masks(key_bias: Tensor, attn_mask: Tensor | None, is_causal: bool,
 
 def _explicit_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,
                         time_scale: float | Tensor, attn_mask: Tensor | None,
-                        is_causal: bool, dropout_p: float,
-                        exact: bool) -> tuple[Tensor, Tensor]:
-    """Explicit logits and softmax, in float64 where ``exact`` (else in at
-    least float32); output and weights in the input dtypes."""
+                        is_causal: bool, dropout_p: float, exact: bool,
+                        normalization: str = 'row',
+                        sinkhorn_iterations: int = 3) -> tuple[Tensor, Tensor]:
+    """Explicit logits and their normalisation (the softmax for ``'row'``),
+    in float64 where ``exact`` (else in at least float32); output and weights
+    in the input dtypes."""
     dtype = (torch.float64 if exact
              else torch.promote_types(query.dtype, torch.float32))
     logits = attention_logits(query.to(dtype), key.to(dtype), metric, time_scale)
     zeros = logits.new_zeros(())
     logits = logits + _combine_masks(zeros, attn_mask, is_causal, query.size(-2),
                                      key.size(-2))
-    weights = torch.softmax(logits, dim=-1)
+    weights = normalize_dense_logits(logits, normalization, sinkhorn_iterations)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return (dropped @ value.to(dtype)).to(value.dtype), weights.to(query.dtype)

@@ -122,10 +122,14 @@ def _scaled_query(query: Tensor, metric: str,
 
 def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
                  metric: str = 'metric',
-                 time_scale: float | Tensor = 1.0) -> Tensor:
+                 time_scale: float | Tensor = 1.0,
+                 row_term: bool = False) -> Tensor:
     r"""Per-edge logits in block order, ``[H E]``, up to a per-row constant
     (computed in float64 and shifted to a row maximum of 0 where float32
     would round them by more than the tolerance: see the module docstring).
+    With ``row_term`` the logits are whole (the row constant included, no
+    shift; float64 where float32 would round them too much), as
+    normalisations other than the row softmax need them.
 
     Args:
         query (torch.Tensor): Destination points ``[N_dst, H, D]``.
@@ -135,6 +139,7 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
             without the row constant :math:`-\|q_i - c\|^2 / t`) or ``'dot'``
             (:math:`q_i^\top k_j / (\sqrt{D} t)`).
         time_scale (float or torch.Tensor): The time scale :math:`t`.
+        row_term (bool): Include the row constant. (default: :obj:`False`)
     """
     if check_metric(metric) != 'dot':
         query, key = centred(query, key, dim=0)
@@ -142,14 +147,23 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
     exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
     if exact:
         query, key = query.double(), key.double()
-    query = to_blocks(_scaled_query(query, metric, time_scale))  # [H N_dst, D]
+    row_norms = (to_blocks(query).square().sum(-1, keepdim=True) / -time_scale
+                 if row_term and metric != 'dot' else None)  # [H N_dst, 1]
+    query = to_blocks(_scaled_query(query, metric, time_scale))
     key = to_blocks(key)  # [H N_src, D]
     if metric != 'dot':
-        # Both terms in one SDDMM: <[Q_i, 1], [K_j, -|K_j|^2 / t]>.
-        query = torch.cat([query, query.new_ones(query.size(0), 1)], dim=1)
-        key = torch.cat([key, key.square().sum(-1, keepdim=True)
-                         / -time_scale], dim=1)
+        # The norm terms ride in the SDDMM as extra columns:
+        # <[Q_i, 1], [K_j, -|K_j|^2 / t]>, and with the row term also
+        # <[.., -|q_i|^2 / t], [.., 1]>.
+        query_columns = [query, query.new_ones(query.size(0), 1)]
+        key_columns = [key, key.square().sum(-1, keepdim=True) / -time_scale]
+        if row_norms is not None:
+            query_columns.append(row_norms)
+            key_columns.append(key.new_ones(key.size(0), 1))
+        query, key = torch.cat(query_columns, 1), torch.cat(key_columns, 1)
     logits = SampledDot.apply(graph, query, key)
+    if exact and row_term:  # whole logits may lie beyond float32's range
+        return logits
     if exact:  # float64 logits may lie beyond float32's range
         row_max = graph.row_reduce(logits.detach(), 'max')
         logits = (logits - graph.broadcast_rows(row_max)).to(dtype)

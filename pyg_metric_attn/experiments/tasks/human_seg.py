@@ -111,6 +111,11 @@ class HumanSegConfig(TaskConfig):
     #: the vertex's own features added (TransformerConv's root weight).
     value: bool = False
     residual: bool = False
+    #: IPN's normalisation of the similarities (metric/l2/dot; 'global'
+    #: needs each mesh's vertices told apart, which the IPN does not pass;
+    #: the former's is former_normalization).
+    normalization: Literal['row', 'column', 'sinkhorn'] = 'row'
+    sinkhorn_iterations: int = setting(3, ge=1)
     features: Literal['hks', 'xyz'] = 'hks'
     hks_time_jitter: float = setting(1.0, ge=1)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
@@ -260,7 +265,9 @@ class HumanSegTask(Task):
             **metric_options(attention, value=c.value, mlp_channels=c.mlp_channels,
                              time_scale=time_scale,
                              learn_time_scale=c.learn_time_scale,
-                             residual=c.residual))
+                             residual=c.residual,
+                             normalization=c.normalization,
+                             sinkhorn_iterations=c.sinkhorn_iterations))
         return IPN(in_channels, c.hidden, len(BODY_PARTS), c.num_layers,
                    conv=conv)
 

@@ -31,6 +31,7 @@ from torch_geometric.transforms import NormalizeFeatures
 from pyg_metric_attn.experiments.attention import attention_conv, metric_options
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
+from pyg_metric_attn.nn.normalization import Normalization
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
 from pyg_metric_attn.utils.download import download_url
 
@@ -132,6 +133,9 @@ class PlanetoidConfig(TaskConfig):
     mlp_channels: int | None = setting(None, ge=1)
     value: bool = True
     residual: bool = False
+    #: Normalisation of the similarities ('row': GAT's softmax).
+    normalization: Normalization = 'row'
+    sinkhorn_iterations: int = setting(3, ge=1)
 
 
 class PlanetoidTask(Task):
@@ -168,7 +172,9 @@ class PlanetoidTask(Task):
                                         learn_time_scale=c.learn_time_scale,
                                         metric_channels=c.metric_channels,
                                         mlp_channels=c.mlp_channels,
-                                        value=c.value, residual=c.residual))
+                                        value=c.value, residual=c.residual,
+                                        normalization=c.normalization,
+                                        sinkhorn_iterations=c.sinkhorn_iterations))
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
                                      weight_decay=c.weight_decay)
 

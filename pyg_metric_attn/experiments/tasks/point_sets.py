@@ -29,6 +29,7 @@ from pyg_metric_attn.experiments.attention import attention_factory, metric_opti
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.models import IPN
+from pyg_metric_attn.nn.normalization import Normalization
 from pyg_metric_attn.training import (
     DistributedContext,
     Trainer,
@@ -52,6 +53,10 @@ class PointSetConfig(TaskConfig):
     #: Heat-kernel time t of metric/l2/dot (the paper's: 1).
     time_scale: float | Literal['matched'] = setting(1.0, gt=0)
     learn_time_scale: bool = False
+    #: Normalisation of the similarities of metric/l2/dot ('row': the
+    #: paper's softmax; 'column', 'sinkhorn', 'global': per set).
+    normalization: Normalization = 'row'
+    sinkhorn_iterations: int = setting(3, ge=1)
     lr: float = setting(1e-3, gt=0)
     weight_decay: float = setting(1e-4, ge=0)
     #: Points per set.
@@ -100,7 +105,9 @@ class PointSetTask(Task):
             **metric_options(attention, value=False,
                              mlp_channels=c.mlp_channels,
                              time_scale=c.time_scale,
-                             learn_time_scale=c.learn_time_scale))
+                             learn_time_scale=c.learn_time_scale,
+                             normalization=c.normalization,
+                             sinkhorn_iterations=c.sinkhorn_iterations))
         return IPN(self.data()[0].size(1), c.hidden, self.num_classes,
                    c.num_layers, conv=conv)
 

@@ -14,13 +14,18 @@ from torch_geometric.typing import Adj, OptTensor, PairTensor, Size, SparseTenso
 from torch_geometric.utils import (
     add_self_loops,
     remove_self_loops,
-    softmax,
     to_dense_batch,
 )
 
 from pyg_metric_attn.nn.functional import dense_metric_attention
+from pyg_metric_attn.nn.normalization import (
+    check_normalization,
+    normalize_edge_logits,
+)
 from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
 from pyg_metric_attn.nn.sparse_attention import (
+    SparseAggregate,
+    block_logits,
     gathered_logits,
     sparse_metric_attention,
 )
@@ -32,7 +37,12 @@ from pyg_metric_attn.utils.checks import (
     check_edge_index,
     check_node_features,
 )
-from pyg_metric_attn.utils.csr import HeadBlockCSR, sort_by_segment
+from pyg_metric_attn.utils.csr import (
+    HeadBlockCSR,
+    from_blocks,
+    sort_by_segment,
+    to_blocks,
+)
 from pyg_metric_attn.utils.graph_cache import cached
 from pyg_metric_attn.utils.point_sets import check_batch
 
@@ -74,7 +84,23 @@ class MetricAttentionConv(MessagePassing):
     Edge features add a learned per-head bias :math:`\mathbf{w}_h^\top
     \mathbf{e}_{ji}` to :math:`s_{ij}`. With ``value=False`` the layer is the
     paper's propagation :math:`H' = S H` (no value map; each head propagates the
-    input features). The softmax runs over each destination's incoming edges.
+    input features).
+
+    The similarities :math:`K_{ij} = \exp(s_{ij})` are normalised by one of
+    the paper's four normalisations (Definitions 7-10,
+    :mod:`~pyg_metric_attn.nn.normalization`):
+
+    * ``'row'`` (above): over each destination's in-edges,
+      :math:`\alpha_{ij} = K_{ij} / \sum_{k \to i} K_{ik}`,
+    * ``'column'``: over each source's out-edges,
+      :math:`\alpha_{ij} = K_{ij} / \sum_{j \to k} K_{kj}`,
+    * ``'sinkhorn'`` (two-side): ``sinkhorn_iterations`` times a column then
+      a row normalisation (Sinkformers), so rows sum to 1 and columns
+      approach 1 (doubly stochastic at convergence where the graph admits
+      it, e.g. connected with self-loops),
+    * ``'global'``: over all edges of each graph, :math:`\alpha_{ij} =
+      K_{ij} / \sum_{(l \to k) \in G} K_{kl}` (the graphs of a mini-batch
+      are told apart by ``forward``'s ``batch``).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or ``(source,
@@ -122,6 +148,14 @@ class MetricAttentionConv(MessagePassing):
             (default: :obj:`True`)
         residual (bool, optional): Add a linear map of the destination features
             to the output. (default: :obj:`False`)
+        normalization (str, optional): ``'row'``, ``'column'``,
+            ``'sinkhorn'`` or ``'global'`` (see above). Dropout acts on the
+            normalised weights, ``aggr='mean'`` divides by the in-degree
+            after any of them. The dense :meth:`forward_point_sets` runs
+            the others on an explicit ``[B, H, L, L]`` score matrix
+            (:math:`O(L^2)` memory per set). (default: :obj:`'row'`)
+        sinkhorn_iterations (int, optional): Column-then-row steps of
+            ``'sinkhorn'``. (default: :obj:`3`)
         backend (str, optional): How the attention runs; all compute the same
             function. ``'fused'``: segment softmax and sparse products on a CSR
             view, :math:`E \times H` memory per edge
@@ -135,7 +169,9 @@ class MetricAttentionConv(MessagePassing):
             in float32/float64, else ``'scatter'``. Every backend falls back to
             ``'scatter'`` while hooks or explain mode need the messages, for
             an ``aggr`` other than ``'add'``/``'sum'``/``'mean'``, and
-            ``'auto'`` does under :func:`torch.compile`. (default: :obj:`'auto'`)
+            ``'auto'`` does under :func:`torch.compile`. ``'triton'`` computes
+            only ``normalization='row'`` (``'auto'`` then takes ``'fused'``
+            or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
@@ -144,7 +180,8 @@ class MetricAttentionConv(MessagePassing):
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`,
           edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency,
           whose values are used as edge features when ``edge_dim`` is set),
-          edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*
+          edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*, ``batch``
+          :math:`(|\mathcal{V}_t|)` *(optional, ``'global'`` only)*
         - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` if
           ``concat`` else :math:`(|\mathcal{V}_t|, F_{out})`; with
           ``return_attention_weights`` as
@@ -171,6 +208,8 @@ class MetricAttentionConv(MessagePassing):
         fill_value: float | Tensor | str = 'mean',
         bias: bool = True,
         residual: bool = False,
+        normalization: str = 'row',
+        sinkhorn_iterations: int = 3,
         backend: str = 'auto',
         **kwargs: Any,
     ):
@@ -189,6 +228,11 @@ class MetricAttentionConv(MessagePassing):
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend '{backend}'; expected one of "
                              f"{BACKENDS}")
+        check_normalization(normalization, sinkhorn_iterations)
+        if backend == 'triton' and normalization != 'row':
+            raise ValueError(f"backend='triton' computes normalization='row' "
+                             f"only, got normalization={normalization!r}; use "
+                             f"backend='fused', 'scatter' or 'auto'")
         if not value and src_channels > 0 and out_channels != src_channels:
             raise ValueError(
                 f"'value=False' propagates the input features unchanged, so "
@@ -210,6 +254,8 @@ class MetricAttentionConv(MessagePassing):
         self.edge_dim = edge_dim
         self.fill_value = fill_value
         self.residual = residual
+        self.normalization = normalization
+        self.sinkhorn_iterations = sinkhorn_iterations
         self.backend = backend
         self._src_channels = src_channels
         self._dst_channels = dst_channels
@@ -265,7 +311,8 @@ class MetricAttentionConv(MessagePassing):
     def forward(self, x: Tensor | tuple[Tensor, Tensor | None],
                 edge_index: Adj, edge_attr: OptTensor = None,
                 size: Size = None,
-                return_attention_weights: None = None) -> Tensor:
+                return_attention_weights: None = None,
+                *, batch: OptTensor = None) -> Tensor:
         ...
 
     @overload
@@ -273,6 +320,7 @@ class MetricAttentionConv(MessagePassing):
                 edge_index: Tensor, edge_attr: OptTensor = None,
                 size: Size = None,
                 return_attention_weights: bool = ...,
+                *, batch: OptTensor = None,
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         ...
 
@@ -281,6 +329,7 @@ class MetricAttentionConv(MessagePassing):
                 edge_index: SparseTensor, edge_attr: OptTensor = None,
                 size: Size = None,
                 return_attention_weights: bool = ...,
+                *, batch: OptTensor = None,
                 ) -> tuple[Tensor, SparseTensor]:
         ...
 
@@ -291,6 +340,8 @@ class MetricAttentionConv(MessagePassing):
         edge_attr: OptTensor = None,
         size: Size = None,
         return_attention_weights: bool | None = None,
+        *,
+        batch: OptTensor = None,
     ) -> Tensor | tuple[Tensor, Any]:
         r"""Runs the layer.
 
@@ -308,6 +359,10 @@ class MetricAttentionConv(MessagePassing):
             return_attention_weights (bool, optional): If :obj:`True`, also
                 return the attention weights as
                 :class:`~torch_geometric.nn.conv.GATConv` does (see Shapes).
+            batch (torch.Tensor, optional): The graph of each destination node
+                ``[N_dst]`` (PyG's ``batch`` vector; an edge belongs to its
+                destination's graph), for ``normalization='global'`` only;
+                :obj:`None` means one graph.
         """
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         adjacency = adjacency_to_edge_index(edge_index)
@@ -321,6 +376,7 @@ class MetricAttentionConv(MessagePassing):
         if not torch.compiler.is_compiling():
             self._check_inputs(x_src, x_dst, edge_index, edge_attr, num_src,
                                num_dst)
+            self._check_batch(batch, num_dst)
 
         if edge_attr is not None and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
@@ -340,6 +396,7 @@ class MetricAttentionConv(MessagePassing):
                      if self.lin_edge is not None and edge_attr is not None
                      else None)
 
+        edge_graph = None if batch is None else batch.long()[edge_index[1]]  # [E]
         backend = self._choose_backend(values)
         if backend == 'scatter':
             logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
@@ -347,14 +404,14 @@ class MetricAttentionConv(MessagePassing):
             alpha = self.edge_updater(
                 edge_index, logits=logits, edge_bias=edge_bias,
                 dropout_mask=self._dropout_mask(edge_index.size(1), z_src),
-                size=(num_src, num_dst)).to(z_src.dtype)
+                edge_graph=edge_graph, size=(num_src, num_dst)).to(z_src.dtype)
             out = self.propagate(edge_index, x=(values, None), alpha=alpha,
                                  size=(num_src, num_dst))
         elif backend == 'fused':
             out, alpha = self._fused_attention(
                 z_src, z_dst, values, edge_index, input_graph, (num_src, num_dst),
                 edge_bias, self._dropout_mask(edge_index.size(1), z_src),
-                bool(return_attention_weights))
+                bool(return_attention_weights), edge_graph)
         else:
             out, alpha = self._triton_attention(
                 z_src, z_dst, values, edge_index, input_graph, num_dst, edge_bias,
@@ -371,9 +428,12 @@ class MetricAttentionConv(MessagePassing):
         r"""All-pairs attention among the points of each set.
 
         Equals ``forward(x, fully_connected_edge_index(x.size(0), batch))``
-        (every point attends to every point of its set, itself included) but
-        never builds the :math:`n^2` edges: it runs the dense SDPA kernel of
-        :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`.
+        (every point attends to every point of its set, itself included;
+        ``batch=batch`` as well for ``'global'``) but never builds the
+        :math:`n^2` edges: it runs the dense SDPA kernel of
+        :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`
+        (normalisations other than ``'row'``: an explicit ``[B, H, L, L]``
+        score matrix, padding left out of every normalisation).
 
         Args:
             x (torch.Tensor): Point features ``[N, F_in]``.
@@ -392,11 +452,15 @@ class MetricAttentionConv(MessagePassing):
         values = self._values(x)
         key, mask = self._to_sets(z_src, batch)  # [B, H, L, D], [B, L]
         query = key if z_dst is z_src else self._to_sets(z_dst, batch)[0]
+        attn_mask = mask.view(mask.size(0), 1, 1, mask.size(1))
+        if self.normalization != 'row':  # padded queries must not take weight
+            attn_mask = attn_mask & mask.view(mask.size(0), 1, mask.size(1), 1)
         out, _ = dense_metric_attention(
             query, key, self._to_sets(values, batch)[0].to(key.dtype),
-            self.metric, self.time_scale,
-            attn_mask=mask.view(mask.size(0), 1, 1, mask.size(1)),
-            dropout_p=self.dropout if self.training else 0.0)
+            self.metric, self.time_scale, attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            normalization=self.normalization,
+            sinkhorn_iterations=self.sinkhorn_iterations)
         out = out.transpose(1, 2)[mask].to(values.dtype)  # [N, H, C]
         return self._combine_heads(out, x)
 
@@ -471,6 +535,28 @@ class MetricAttentionConv(MessagePassing):
                                  "without 'edge_dim'")
             check_edge_attr(edge_attr, edge_index.size(1), self.edge_dim)
 
+    def _check_batch(self, batch: OptTensor, num_dst: int) -> None:
+        """``batch`` must be given only for ``'global'``, as an integer
+        ``[num_dst]`` graph index of the destination nodes."""
+        if batch is None:
+            return
+        if self.normalization != 'global':
+            raise ValueError(f"'batch' tells the graphs apart for "
+                             f"normalization='global'; this layer normalises "
+                             f"by {self.normalization!r}, which 'batch' would "
+                             f"not change: leave it out")
+        if batch.dim() != 1 or batch.numel() != num_dst:
+            raise ValueError(f"'batch' must have shape [{num_dst}] (one graph "
+                             f"index per destination node), got "
+                             f"{list(batch.shape)}")
+        if batch.is_floating_point() or batch.is_complex() or \
+                batch.dtype == torch.bool:
+            raise TypeError(f"'batch' must hold integer graph indices, got "
+                            f"{batch.dtype}")
+        if batch.numel() and batch.device.type == 'cpu' and int(batch.min()) < 0:
+            raise IndexError(f"'batch' contains a negative graph index "
+                             f"({int(batch.min())})")
+
     def _embed(self, x_src: Tensor, x_dst: Tensor) -> PairTensor:
         """Source and destination points in the metric space, ``[N, H, D]``."""
         shape = (-1, self.heads, self.metric_channels)
@@ -496,7 +582,8 @@ class MetricAttentionConv(MessagePassing):
         if torch.compiler.is_compiling():
             return 'scatter'
         if (values.device.type == 'cuda' and HAVE_TRITON
-                and values.dtype in TRITON_DTYPES):
+                and values.dtype in TRITON_DTYPES
+                and self.normalization == 'row'):
             return 'triton'
         if (values.device.type == 'cpu'
                 and values.dtype in (torch.float32, torch.float64)):
@@ -515,18 +602,45 @@ class MetricAttentionConv(MessagePassing):
     def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
                          edge_index: Tensor, input_graph: Tensor,
                          size: tuple[int, int], edge_bias: OptTensor,
-                         dropout_mask: OptTensor,
-                         need_weights: bool) -> tuple[Tensor, OptTensor]:
+                         dropout_mask: OptTensor, need_weights: bool,
+                         edge_graph: OptTensor) -> tuple[Tensor, OptTensor]:
         """The fused path: ``([N_dst, H, C], [E, H] weights or None)``; the
         CSR view of ``edge_index`` is cached on the caller's ``input_graph``
-        (from which ``edge_index`` derives)."""
+        (from which ``edge_index`` derives). ``'row'`` runs the fused segment
+        softmax; the other normalisations take the whole logits to edge order
+        (``[E, H]``), normalise them as the scatter backend does and aggregate
+        with the same sparse product."""
         graph = cached(input_graph, ('csr', self.heads, self.add_self_loops, *size),
                        lambda: HeadBlockCSR(edge_index, *size, self.heads))
-        out, weights = sparse_metric_attention(
-            z_dst, z_src, values, graph, self.metric, self.time_scale,
-            edge_bias, dropout_mask)
-        out = self._mean_over_edges(out.to(values.dtype), graph.ptr)
-        return out, graph.to_edges(weights) if need_weights else None
+        if self.normalization == 'row':
+            out, weights = sparse_metric_attention(
+                z_dst, z_src, values, graph, self.metric, self.time_scale,
+                edge_bias, dropout_mask)
+            out = self._mean_over_edges(out.to(values.dtype), graph.ptr)
+            return out, graph.to_edges(weights) if need_weights else None
+        logits = graph.to_edges(block_logits(  # [E, H]
+            z_dst, z_src, graph, self.metric, self.time_scale, row_term=True))
+        alpha = self._normalized(logits, edge_bias, dropout_mask,
+                                 edge_index[1], edge_index[0], size, edge_graph)
+        out = SparseAggregate.apply(graph, graph.from_edges(alpha),
+                                    to_blocks(values.to(alpha.dtype)))
+        out = from_blocks(out, self.heads).to(values.dtype)
+        out = self._mean_over_edges(out, graph.ptr)
+        return out, alpha.to(z_src.dtype) if need_weights else None
+
+    def _normalized(self, logits: Tensor, edge_bias: OptTensor,
+                    dropout_mask: OptTensor, dst: Tensor, src: Tensor,
+                    size: tuple[int, int], edge_graph: OptTensor,
+                    ptr: OptTensor = None) -> Tensor:
+        """The weights ``[E, H]``: biased logits, normalised, dropped out (the
+        scatter backend's :meth:`edge_update` and the fused path's other
+        normalisations)."""
+        if edge_bias is not None:
+            logits = logits + edge_bias.to(logits.dtype)
+        alpha = normalize_edge_logits(
+            logits, self.normalization, dst, src, size[1], size[0], edge_graph,
+            sinkhorn_iterations=self.sinkhorn_iterations, ptr=ptr)
+        return alpha if dropout_mask is None else alpha * dropout_mask
 
     @torch.compiler.disable  # a Triton kernel: opaque to torch.compile
     def _triton_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
@@ -570,12 +684,11 @@ class MetricAttentionConv(MessagePassing):
         return F.dropout(like.new_ones(num_edges, self.heads), p=self.dropout)
 
     def edge_update(self, logits: Tensor, edge_bias: OptTensor,
-                    dropout_mask: OptTensor, index: Tensor, ptr: OptTensor,
-                    dim_size: int | None) -> Tensor:
-        if edge_bias is not None:
-            logits = logits + edge_bias.to(logits.dtype)
-        alpha = softmax(logits, index, ptr, dim_size)
-        return alpha if dropout_mask is None else alpha * dropout_mask
+                    dropout_mask: OptTensor, edge_graph: OptTensor,
+                    index: Tensor, edge_index_j: Tensor, ptr: OptTensor,
+                    size_i: int | None, size_j: int | None) -> Tensor:
+        return self._normalized(logits, edge_bias, dropout_mask, index,
+                                edge_index_j, (size_j, size_i), edge_graph, ptr)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
         return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
@@ -583,7 +696,9 @@ class MetricAttentionConv(MessagePassing):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, '
                 f'{self.out_channels}, heads={self.heads}, '
-                f'metric={self.metric!r})')
+                f'metric={self.metric!r}'
+                + (f', normalization={self.normalization!r})'
+                   if self.normalization != 'row' else ')'))
 
 
 def _destination_sorted(edge_index: Tensor,

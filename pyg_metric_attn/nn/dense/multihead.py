@@ -8,6 +8,7 @@ from torch.nn import Linear
 from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.functional import dense_metric_attention, merge_masks
+from pyg_metric_attn.nn.normalization import check_normalization
 from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.point_sets import check_batch
@@ -29,6 +30,22 @@ class MetricMultiheadAttention(torch.nn.Module):
     three run through :func:`~torch.nn.functional.scaled_dot_product_attention`
     (see :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`), so no
     ``L x S`` score matrix is stored unless ``need_weights=True``.
+
+    The similarities :math:`K_{ij} = \exp(s_{ij})` are normalised by one of
+    the paper's four normalisations (Definitions 7-10,
+    :mod:`~pyg_metric_attn.nn.normalization`), masked entries left out:
+
+    * ``'row'``: :math:`\alpha_{ij} = K_{ij} / \sum_{k} K_{ik}` (softmax over
+      the keys; SDPA),
+    * ``'column'``: :math:`\alpha_{ij} = K_{ij} / \sum_{k} K_{kj}` (over the
+      queries),
+    * ``'sinkhorn'``: ``sinkhorn_iterations`` times a column then a row
+      normalisation (Sinkformers): rows sum to 1, columns approach 1,
+    * ``'global'``: :math:`\alpha_{ij} = K_{ij} / \sum_{k, l} K_{kl}` per
+      batch element and head.
+
+    All but ``'row'`` run on an explicit ``[B, H, L, S]`` score matrix
+    (:math:`O(L S)` memory).
 
     Args:
         embed_dim (int): Model width (divisible by ``num_heads``).
@@ -52,12 +69,18 @@ class MetricMultiheadAttention(torch.nn.Module):
             8` on (see :mod:`~pyg_metric_attn.nn.time_scale`).
             (default: :obj:`1.0`)
         learn_time_scale (bool, optional): Learn :math:`t` (log-parametrised).
+            (default: :obj:`False`)
+        normalization (str, optional): ``'row'``, ``'column'``,
+            ``'sinkhorn'`` or ``'global'`` (see above). (default: :obj:`'row'`)
+        sinkhorn_iterations (int, optional): Column-then-row steps of
+            ``'sinkhorn'``. (default: :obj:`3`)
     """
     def __init__(self, embed_dim: int, num_heads: int, metric: str = 'metric',
                  dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = True,
                  mlp_channels: int | None = None, time_scale: float | str = 1.0,
-                 learn_time_scale: bool = False):
+                 learn_time_scale: bool = False, normalization: str = 'row',
+                 sinkhorn_iterations: int = 3):
         super().__init__()
         if embed_dim < 1 or num_heads < 1:
             raise ValueError(f"'embed_dim' and 'num_heads' must be positive, got "
@@ -69,6 +92,9 @@ class MetricMultiheadAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.metric = check_metric(metric)
+        self.normalization = check_normalization(normalization,
+                                                 sinkhorn_iterations)
+        self.sinkhorn_iterations = sinkhorn_iterations
         self.dropout = dropout
         self.kdim = kdim or embed_dim
         self.vdim = vdim or embed_dim
@@ -138,7 +164,8 @@ class MetricMultiheadAttention(torch.nn.Module):
             q, k, v, self.metric, self.time_scale, attn_mask=mask,
             is_causal=is_causal and attn_mask is None,
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights)
+            need_weights=need_weights, normalization=self.normalization,
+            sinkhorn_iterations=self.sinkhorn_iterations)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, num_queries,
                                                         self.embed_dim))
         if not self.batch_first:
@@ -151,14 +178,18 @@ class MetricMultiheadAttention(torch.nn.Module):
         """Self-attention among all points of each set (e.g. all nodes of each
         graph of a PyG mini-batch), ``[N, E] -> [N, E]``; ``batch`` is the
         sorted set index of each point (checked outside
-        :func:`torch.compile`)."""
+        :func:`torch.compile`). Padding is left out of every normalisation."""
         if batch is not None and not torch.compiler.is_compiling():
             check_batch(batch, x.size(0))
         dense, mask = to_dense_batch(x, batch)  # [B, L, E], [B, L]
+        attn_mask = None
+        if self.normalization != 'row':  # padded queries must take no weight
+            padded_pairs = ~(mask.unsqueeze(2) & mask.unsqueeze(1))  # [B, L, L]
+            attn_mask = padded_pairs.repeat_interleave(self.num_heads, dim=0)
         if not self.batch_first:
             dense = dense.transpose(0, 1)
         out, _ = self(dense, dense, dense, key_padding_mask=~mask,
-                      need_weights=False)
+                      need_weights=False, attn_mask=attn_mask)
         if not self.batch_first:
             out = out.transpose(0, 1)
         return out[mask]
@@ -210,4 +241,6 @@ class MetricMultiheadAttention(torch.nn.Module):
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.embed_dim}, '
-                f'num_heads={self.num_heads}, metric={self.metric!r})')
+                f'num_heads={self.num_heads}, metric={self.metric!r}'
+                + (f', normalization={self.normalization!r})'
+                   if self.normalization != 'row' else ')'))

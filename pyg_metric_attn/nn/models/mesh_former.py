@@ -16,6 +16,7 @@ from torch_geometric.utils import to_dense_batch
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
+from pyg_metric_attn.nn.normalization import Normalization, check_normalization
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
@@ -60,6 +61,11 @@ class MetricMeshFormerBlock(torch.nn.Module):
         diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
         gradients (bool): Add the gradient features (needs ``diffusion``).
             (default: :obj:`False`)
+        normalization (str): The similarity normalisation of both attentions
+            (``'row'``, ``'column'``, ``'sinkhorn'`` or ``'global'``: per
+            mesh, see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
+        sinkhorn_iterations (int): Steps of ``'sinkhorn'``.
+            (default: :obj:`3`)
 
     Shapes:
         - **input:** vertex features :math:`(N, C)`, edge indices
@@ -69,7 +75,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
     def __init__(self, channels: int, heads: int, time_scale: float | str,
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
-                 diffusion: bool = False, gradients: bool = False):
+                 diffusion: bool = False, gradients: bool = False,
+                 normalization: str = 'row', sinkhorn_iterations: int = 3):
         super().__init__()
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
@@ -84,13 +91,17 @@ class MetricMeshFormerBlock(torch.nn.Module):
         self.lin_diffusion = (Linear((2 if gradients else 1) * channels, channels)
                               if diffusion else None)
         self.norm_local = LayerNorm(channels)
+        normalize = dict(normalization=normalization,
+                         sinkhorn_iterations=sinkhorn_iterations)
         self.local = MetricAttentionConv(
             channels, channels // heads, heads=heads, metric=metric,
-            time_scale=time_scale, learn_time_scale=learn_time_scale)
+            time_scale=time_scale, learn_time_scale=learn_time_scale,
+            **normalize)
         self.norm_global = LayerNorm(channels) if global_attention else None
         self.global_attention = MetricMultiheadAttention(
             channels, heads, metric=metric, time_scale=time_scale,
-            learn_time_scale=learn_time_scale) if global_attention else None
+            learn_time_scale=learn_time_scale,
+            **normalize) if global_attention else None
         self.norm_ffn = LayerNorm(channels)
         self.ffn = Sequential(Linear(channels, 2 * channels), GELU(),
                               Dropout(dropout), Linear(2 * channels, channels))
@@ -123,7 +134,11 @@ class MetricMeshFormerBlock(torch.nn.Module):
                 diffused = torch.cat([diffused, self.gradient_features(
                     gradient.apply(diffused))], dim=-1)
             h = h + self.dropout(self.lin_diffusion(diffused))
-        h = h + self.dropout(self.local(self.norm_local(h), edge_index))
+        # 'global' normalises the local weights per mesh of the batch.
+        meshes = ({'batch': batch} if batch is not None
+                  and self.local.normalization == 'global' else {})
+        h = h + self.dropout(self.local(self.norm_local(h), edge_index,
+                                        **meshes))
         if self.global_attention is not None:
             h = h + self.dropout(self._global(self.norm_global(h), batch,
                                               global_keys))
@@ -183,6 +198,11 @@ class MetricMeshFormerConfig:
         gradients (bool): Add spatial gradient features of the diffused
             channels (needs ``diffusion``); the forward pass then needs the
             meshes' ``grad_index`` and ``grad_weight``. (default: :obj:`False`)
+        normalization (str): The similarity normalisation of both attentions:
+            ``'row'`` (softmax), ``'column'``, ``'sinkhorn'`` or ``'global'``
+            (see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
+        sinkhorn_iterations (int): Column-then-row steps of ``'sinkhorn'``.
+            (default: :obj:`3`)
     """
     hidden_channels: int = 128
     num_layers: int = 4
@@ -195,6 +215,8 @@ class MetricMeshFormerConfig:
     global_stride: int = 1
     diffusion: bool = False
     gradients: bool = False
+    normalization: Normalization = 'row'
+    sinkhorn_iterations: int = 3
 
     def __post_init__(self) -> None:
         for name in ('hidden_channels', 'num_layers', 'heads', 'global_stride'):
@@ -208,6 +230,7 @@ class MetricMeshFormerConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"'dropout' must be in [0, 1), got {self.dropout!r}")
         check_metric(self.metric)
+        check_normalization(self.normalization, self.sinkhorn_iterations)
         if self.time_scale is not None:
             TimeScale(resolve_time_scale(self.time_scale, self.metric,
                                          self.hidden_channels // self.heads))
@@ -253,7 +276,8 @@ class MetricMeshFormer(torch.nn.Module):
                                   time_scale, config.learn_time_scale,
                                   config.dropout, config.global_attention,
                                   config.metric, config.diffusion,
-                                  config.gradients)
+                                  config.gradients, config.normalization,
+                                  config.sinkhorn_iterations)
             for _ in range(config.num_layers)
         ])
         self.norm_out = LayerNorm(config.hidden_channels)
