@@ -324,14 +324,7 @@ def test_a_nan_graph_does_not_affect_the_others(normalization, backend):
     torch.testing.assert_close(out[~first], clean[~first])
 
 
-HUGE_GRAPH_IN_FUSED = pytest.mark.xfail(
-    strict=True, reason="the fused backend centres all graphs' points on one "
-    "mean (sparse_attention.block_logits), which a huge graph moves: the "
-    "expanded logits of the others lose their precision, for 'row' too")
-
-
-@pytest.mark.parametrize('backend', [
-    pytest.param('fused', marks=HUGE_GRAPH_IN_FUSED), 'scatter'])
+@pytest.mark.parametrize('backend', ['fused', 'scatter'])
 @pytest.mark.parametrize('normalization', NORMALIZATIONS)
 def test_a_huge_graph_does_not_affect_the_others(normalization, backend):
     """Features of the first graph times 1e19: all outputs finite, the other

@@ -24,7 +24,11 @@ estimate exceeds
 computed in float64 and shifted to a row maximum of 0 before they return to
 float32 (one host sync decides; the common case stays in float32), so the
 weights agree with a float64 direct-difference computation and stay finite for
-all finite inputs. Backward passes are again SDDMMs and SpMMs, so every
+all finite inputs. Where even float64 would round them by more than the
+tolerance (a graph of huge points batched with ordinary ones: the one centre
+lies far from the ordinary points), the logits are direct differences per
+edge, as the scatter path computes them (``E x D`` per head, transient).
+Otherwise backward passes are again SDDMMs and SpMMs, so every
 per-edge tensor, forward and backward, is :math:`E \times H`: no
 :math:`E \times H \times C` message and no :math:`E \times H \times D`
 difference is ever formed. All kernels are device-agnostic torch ops
@@ -141,12 +145,32 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
         time_scale (float or torch.Tensor): The time scale :math:`t`.
         row_term (bool): Include the row constant. (default: :obj:`False`)
     """
+    points = query, key
     if check_metric(metric) != 'dot':
         query, key = centred(query, key, dim=0)
     dtype = query.dtype
     exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
     if exact:
         query, key = query.double(), key.double()
+    if exact and metric != 'dot' and not expanded_logits_are_accurate(
+            query, key, metric, time_scale):  # even float64 would not do
+        # (from the points before centring: centring rounded them)
+        logits = _direct_block_logits(*points, graph, time_scale)
+    else:
+        logits = _expanded_block_logits(query, key, graph, metric, time_scale,
+                                        row_term)
+    if exact and row_term:  # whole logits may lie beyond float32's range
+        return logits
+    if exact:  # float64 logits may lie beyond float32's range
+        row_max = graph.row_reduce(logits.detach(), 'max')
+        logits = (logits - graph.broadcast_rows(row_max)).to(dtype)
+    return logits
+
+
+def _expanded_block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
+                           metric: str, time_scale: float | Tensor,
+                           row_term: bool) -> Tensor:
+    """The expanded form by one SDDMM, ``[H E]`` (see :func:`block_logits`)."""
     row_norms = (to_blocks(query).square().sum(-1, keepdim=True) / -time_scale
                  if row_term and metric != 'dot' else None)  # [H N_dst, 1]
     query = to_blocks(_scaled_query(query, metric, time_scale))
@@ -161,13 +185,19 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
             query_columns.append(row_norms)
             key_columns.append(key.new_ones(key.size(0), 1))
         query, key = torch.cat(query_columns, 1), torch.cat(key_columns, 1)
-    logits = SampledDot.apply(graph, query, key)
-    if exact and row_term:  # whole logits may lie beyond float32's range
-        return logits
-    if exact:  # float64 logits may lie beyond float32's range
-        row_max = graph.row_reduce(logits.detach(), 'max')
-        logits = (logits - graph.broadcast_rows(row_max)).to(dtype)
-    return logits
+    return SampledDot.apply(graph, query, key)
+
+
+def _direct_block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
+                         time_scale: float | Tensor) -> Tensor:
+    """Whole distance logits ``-|q_i - k_j|^2 / t`` by direct differences
+    per edge, ``[H E]`` in float64 sums, head by head (``E x D`` differences
+    per head): for points too spread out for the expanded form even in
+    float64."""
+    return torch.cat([
+        -_squared_norm(query_h.index_select(0, graph.row)
+                       - key_h.index_select(0, graph.col)) / time_scale
+        for query_h, key_h in zip(query.unbind(1), key.unbind(1), strict=True)])
 
 
 def gathered_logits(query: Tensor, key: Tensor, edge_index: Tensor,
