@@ -232,7 +232,11 @@ def process_group(timeout_s: float | None = None, backend: str | None = None
             f"{timeout_s:g} s timeout ({_first_line(error)}). Start all ranks "
             f"again; the last checkpoint resumes the run") from error
     # Leave the group only after a clean end: after a failure the others may
-    # be gone, and the process exits anyway.
+    # be gone, and the process exits anyway. Ranks leave together: one that
+    # tore its group down while rank 0 still wrote its files sometimes hung
+    # in gloo's teardown after rank 0 had exited (1 run in 4-8 of the
+    # torchrun test).
+    dist.barrier()
     dist.destroy_process_group()
 
 
