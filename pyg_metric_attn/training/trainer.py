@@ -123,13 +123,19 @@ class Trainer:
         return self.history[self.best_epoch - 1]
 
     def fit(self, batches: Callable[[int], Iterable[Any]], epochs: int,
-            resume: bool = False) -> list[dict[str, float]]:
+            resume: bool = False,
+            before_training: Callable[[], None] | None = None
+            ) -> list[dict[str, float]]:
         """Train for up to ``epochs`` epochs (``batches(epoch)`` per epoch).
 
-        With ``resume=True`` training goes on from :meth:`resume`.
+        With ``resume=True`` training goes on from :meth:`resume`;
+        ``before_training`` is called once that resume is known to be valid,
+        before the first epoch.
         """
         if resume:
             self.resume(epochs)
+        if before_training is not None:
+            before_training()
         bar = tqdm(range(len(self.history) + 1, epochs + 1), desc=self.desc,
                    disable=not (self.progress and self.distributed.is_main),
                    leave=False, dynamic_ncols=True)

@@ -371,11 +371,7 @@ class HumanSegTask(Task):
                           progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}',
                           distributed=context)
-        if resume:
-            trainer.resume(self.epochs)
-        if before_training is not None:
-            before_training()
-        trainer.fit(batches, self.epochs)
+        trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:

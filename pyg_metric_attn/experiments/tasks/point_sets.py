@@ -156,11 +156,7 @@ class PointSetTask(Task):
         trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
                           progress=self.progress,
                           desc=f'{self.name} {attention} seed {seed}')
-        if resume:
-            trainer.resume(self.epochs)
-        if before_training is not None:
-            before_training()
-        trainer.fit(batches, self.epochs)
+        trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
