@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
 from pyg_metric_attn.geometry.mesh import (
@@ -26,8 +26,8 @@ from pyg_metric_attn.geometry.mesh import (
     face_areas,
     mesh_edges,
 )
+from pyg_metric_attn.datasets.verified_dataset import VerifiedInMemoryDataset
 from pyg_metric_attn.transforms.mesh_preprocessing import MeshPreprocessing
-from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
 
 #: Worker processes start fresh: forked children of a process whose OpenMP
 #: runtime already runs threads can deadlock.
@@ -124,7 +124,7 @@ def preprocessing_tag(pre_transform: Callable | None) -> str:
     return f'custom_{digest[:12]}'
 
 
-class MeshDataset(InMemoryDataset):
+class MeshDataset(VerifiedInMemoryDataset):
     r"""Base class of the mesh data sets. Subclasses yield the keyword
     arguments of :func:`mesh_data` for each mesh from :meth:`raw_meshes` and
     name their processed file.
@@ -160,21 +160,8 @@ class MeshDataset(InMemoryDataset):
                  pre_filter: Callable | None = None, force_reload: bool = False,
                  log: bool = True):
         self.num_workers = num_workers
-        self._processed_root = processed_dir
-        super().__init__(root, transform, pre_transform, pre_filter,
-                         force_reload=force_reload, log=log)
-        try:
-            self._load_processed()
-        except CorruptFileError as error:
-            warnings.warn(f"Re-processing: {error}", stacklevel=2)
-            self.process()
-            self._load_processed()
-
-    @property
-    def processed_root(self) -> Path:
-        """The folder of every setting's processed files: ``processed_dir``,
-        default ``ROOT/processed``."""
-        return Path(self._processed_root or Path(self.root) / 'processed')
+        super().__init__(root, processed_dir, transform, pre_transform,
+                         pre_filter, force_reload=force_reload, log=log)
 
     @property
     def processed_dir(self) -> str:
@@ -199,8 +186,7 @@ class MeshDataset(InMemoryDataset):
                     f"{_labels(data)}): label all meshes alike or none")
         if self.pre_transform is not None:
             data_list = self._pre_transformed(data_list)
-        data, slices = self.collate(data_list)
-        save_verified((data.to_dict(), slices), self.processed_paths[0])
+        self.save_processed(*self.collate(data_list))
 
     def _pre_transformed(self, data_list: list[Data]) -> list[Data]:
         bar = dict(total=len(data_list), desc='preprocessing meshes',
@@ -239,7 +225,3 @@ class MeshDataset(InMemoryDataset):
                 f"pyg_metric_attn ({', '.join(older)}), which are not read any "
                 f"more: processing anew into '{self.processed_dir}'; delete "
                 f"them to free the space", stacklevel=2)
-
-    def _load_processed(self) -> None:
-        data, self.slices = load_verified(self.processed_paths[0])
-        self.data = Data.from_dict(data)

@@ -2,19 +2,17 @@ r"""MNIST digits as point clouds of their ink pixels (a PyG data set)."""
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import Data
 
 from pyg_metric_attn.datasets.image_points import image_point_clouds
 from pyg_metric_attn.datasets.mnist import MNIST
-from pyg_metric_attn.utils.io import CorruptFileError, load_verified, save_verified
+from pyg_metric_attn.datasets.verified_dataset import VerifiedInMemoryDataset
 
 
-class MNISTPointClouds(InMemoryDataset):
+class MNISTPointClouds(VerifiedInMemoryDataset):
     r"""The MNIST digits as point clouds: every pixel brighter than
     ``threshold`` is a point with features ``x = (u, v, intensity)`` and
     position ``pos = (u, v)`` in :math:`[-1, 1]^2`
@@ -43,6 +41,8 @@ class MNISTPointClouds(InMemoryDataset):
             exists. (default: :obj:`False`)
         log (bool, optional): Print while converting. (default: :obj:`True`)
     """
+    reprocess_message = 'Converting again'
+
     def __init__(self, root: str | os.PathLike, train: bool = True,
                  threshold: int = 0, processed_dir: str | os.PathLike | None = None,
                  download: bool = False, transform: Callable | None = None,
@@ -53,19 +53,12 @@ class MNISTPointClouds(InMemoryDataset):
         self.train = train
         self.threshold = threshold
         self.download_raw = download
-        self._processed_root = processed_dir
-        super().__init__(os.fspath(root), transform, force_reload=force_reload,
+        super().__init__(root, processed_dir, transform, force_reload=force_reload,
                          log=log)
-        try:
-            self._load_processed()
-        except CorruptFileError as error:
-            warnings.warn(f"Converting again: {error}", stacklevel=2)
-            self.process()
-            self._load_processed()
 
     @property
     def processed_dir(self) -> str:
-        return os.fspath(self._processed_root or Path(self.root) / 'processed')
+        return os.fspath(self.processed_root)
 
     @property
     def raw_file_names(self) -> list[str]:
@@ -83,11 +76,7 @@ class MNISTPointClouds(InMemoryDataset):
                     y=mnist.labels)
         slices = {'x': ptr, 'pos': ptr.clone(),
                   'y': torch.arange(len(mnist) + 1)}
-        save_verified((data.to_dict(), slices), self.processed_paths[0])
-
-    def _load_processed(self) -> None:
-        data, self.slices = load_verified(self.processed_paths[0])
-        self.data = Data.from_dict(data)
+        self.save_processed(data, slices)
 
     def __repr__(self) -> str:
         split = 'train' if self.train else 'test'
