@@ -29,9 +29,8 @@ from tqdm import tqdm
 from pyg_metric_attn.theory import MANIFOLDS, log_log_slope, relative_error
 from pyg_metric_attn.theory.manifolds import DENSITIES
 from pyg_metric_attn.utils.io import (
-    atomic_write_json,
-    atomic_write_text,
     atomic_writer,
+    write_results,
 )
 
 NAME = 'heat_limit'
@@ -151,9 +150,7 @@ def summary_table(results: dict[str, Any]) -> str:
 def write(results: dict[str, Any], out: Path) -> None:
     from pyg_metric_attn.visualization import file_figure
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / 'results.json', results)
-    atomic_write_text(out / 'summary.md', summary_table(results))
+    write_results(out, results, summary_table(results))
     curves = results['curves']
     columns = min(len(curves), 2)
     rows = -(-len(curves) // columns)

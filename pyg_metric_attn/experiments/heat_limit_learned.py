@@ -61,10 +61,9 @@ from pyg_metric_attn.theory import (
 from pyg_metric_attn.theory.manifolds import DENSITIES
 from pyg_metric_attn.training import seed_everything
 from pyg_metric_attn.utils.io import (
-    atomic_write_json,
-    atomic_write_text,
     atomic_writer,
     save_verified,
+    write_results,
 )
 
 NAME = 'heat_limit_learned'
@@ -262,9 +261,7 @@ def summary_table(results: dict[str, Any]) -> str:
 def write(results: dict[str, Any], out: Path) -> None:
     from pyg_metric_attn.visualization import file_figure
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / 'results.json', results)
-    atomic_write_text(out / 'summary.md', summary_table(results))
+    write_results(out, results, summary_table(results))
     sizes, times, curves = results['sizes'], results['times'], results['curves']
     figure = file_figure(figsize=(10, 3.8 * len(curves)))
     styles = dict(learned='-', euclidean_scaled='--', euclidean=':')

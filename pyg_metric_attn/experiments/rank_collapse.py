@@ -32,9 +32,8 @@ from tqdm import tqdm
 from pyg_metric_attn.nn import MetricAttentionConv
 from pyg_metric_attn.theory import residuals_through_depth
 from pyg_metric_attn.utils.io import (
-    atomic_write_json,
-    atomic_write_text,
     atomic_writer,
+    write_results,
 )
 
 NAME = 'rank_collapse'
@@ -121,9 +120,7 @@ def summary_table(results: dict[str, Any]) -> str:
 def write(results: dict[str, Any], out: Path) -> None:
     from pyg_metric_attn.visualization import file_figure
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / 'results.json', results)
-    atomic_write_text(out / 'summary.md', summary_table(results))
+    write_results(out, results, summary_table(results))
     figure = file_figure(figsize=(5 * len(BLOCKS), 3.8))
     depths = list(range(results['depth'] + 1))
     for index, kind in enumerate(BLOCKS):

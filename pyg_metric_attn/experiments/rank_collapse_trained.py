@@ -45,9 +45,8 @@ from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 from pyg_metric_attn.theory import residuals_through_depth
 from pyg_metric_attn.training import Trainer, epoch_generator, seed_everything
 from pyg_metric_attn.utils.io import (
-    atomic_write_json,
-    atomic_write_text,
     atomic_writer,
+    write_results,
 )
 from pyg_metric_attn.utils.point_sets import shuffled_sets
 
@@ -205,9 +204,7 @@ def summary_table(results: dict[str, Any]) -> str:
 def write(results: dict[str, Any], out: Path) -> None:
     from pyg_metric_attn.visualization import file_figure
 
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / 'results.json', results)
-    atomic_write_text(out / 'summary.md', summary_table(results))
+    write_results(out, results, summary_table(results))
     blocks, depths = results['blocks'], results['depths']
     deepest = depths[-1]
     # A floor so that an exact rank one (0) still shows on a log axis.

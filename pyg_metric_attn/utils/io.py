@@ -75,6 +75,14 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
 
 
+def write_results(out: Path, results: Any, summary: str) -> None:
+    """A measurement's ``out/results.json`` and Markdown ``out/summary.md``
+    (both atomically; ``out`` is created)."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / 'results.json', results)
+    atomic_write_text(out / 'summary.md', summary)
+
+
 def save_verified(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` ``obj`` with a checksum header, atomically."""
     buffer = io.BytesIO()
