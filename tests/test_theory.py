@@ -432,6 +432,45 @@ def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
     assert 'Unknown block kind' in capsys.readouterr().err
 
 
+def test_rank_collapse_trained_merges_parts_run_apart(tmp_path, capsys):
+    """One process per metric and per seed range, merged, gives the table of
+    one process over the whole grid; overlapping or mismatched parts are
+    refused."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    tiny = ['--depths', '1', '2', '--blocks', 'skip', '--epochs', '2',
+            '--set-size', '20', '--num-train', '40', '--num-test', '40',
+            '--no-progress']
+
+    def run(name, *args):
+        assert main(['experiment', 'rank_collapse_trained', *tiny, *args,
+                     '--out', str(tmp_path / name)]) == 0
+        return str(tmp_path / name)
+
+    whole = run('whole', '--metrics', 'dot,metric', '--seeds', '2')
+    parts = [run('dot', '--metrics', 'dot', '--seeds', '2'),
+             run('metric0', '--metrics', 'metric', '--seeds', '1'),
+             run('metric1', '--metrics', 'metric', '--seeds', '1',
+                 '--first-seed', '1')]
+    assert main(['experiment', 'rank_collapse_trained', '--merge', *parts,
+                 '--out', str(tmp_path / 'merged')]) == 0
+    expected = json.loads((tmp_path / 'whole' / 'results.json').read_text())
+    merged = json.loads((tmp_path / 'merged' / 'results.json').read_text())
+    assert merged['curves'] == expected['curves']
+    assert merged['seeds'] == 2 and merged['metrics'] == ['dot', 'metric']
+    assert (tmp_path / 'merged' / 'summary.md').read_text() == \
+        (tmp_path / 'whole' / 'summary.md').read_text()
+    capsys.readouterr()
+    for bad, message in (([whole, parts[0]], 'more than one part'),
+                         ([parts[0], parts[1]], 'different seeds'),
+                         ([whole, run('other', '--metrics', 'l2', '--seeds',
+                                      '2', '--epochs', '3')], 'different epochs')):
+        assert main(['experiment', 'rank_collapse_trained', '--merge', *bad,
+                     '--out', str(tmp_path / 'bad')]) != 0
+        assert message in capsys.readouterr().err
+
+
 def test_stack_classifier_residuals_follow_its_forward():
     from pyg_metric_attn.experiments.rank_collapse_trained import StackClassifier
     from pyg_metric_attn.theory import rank_one_residual

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from pyg_metric_attn.utils.io import (
 from pyg_metric_attn.utils.point_sets import shuffled_sets
 
 NAME = 'rank_collapse_trained'
-DEPTHS = (1, 2, 4, 8, 16, 32)
+DEPTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class StackClassifier(torch.nn.Module):
@@ -102,7 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--epochs', type=int, default=40)
     parser.add_argument('--lr', type=float, default=2e-3)
     parser.add_argument('--seeds', type=int, default=10)
+    parser.add_argument('--first-seed', type=int, default=0,
+                        help='seeds first-seed .. first-seed + seeds - 1')
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
+    parser.add_argument('--merge', nargs='+', metavar='DIR',
+                        help='instead of training, merge the results.json of '
+                             'earlier runs of disjoint parts of the grid into '
+                             '--out')
     parser.add_argument('--no-progress', action='store_true')
 
 
@@ -143,12 +150,13 @@ def train_one(metric: str, kind: str, depth: int, seed: int,
 
 def measure(metrics: list[str], blocks: list[str], depths: list[int],
             seeds: int, channels: int, set_size: int, num_train: int,
-            num_test: int, epochs: int, lr: float,
-            progress: bool = True) -> dict[str, Any]:
+            num_test: int, epochs: int, lr: float, progress: bool = True,
+            first_seed: int = 0) -> dict[str, Any]:
     from pyg_metric_attn.experiments.tasks.moon import moon_data
 
     data = moon_data(num_train, num_test, seed=0)
-    grid = list(itertools.product(metrics, blocks, depths, range(seeds)))
+    grid = list(itertools.product(metrics, blocks, depths,
+                                 range(first_seed, first_seed + seeds)))
     runs = []
     bar = tqdm(total=sum(d for _, _, d, _ in grid), desc=NAME, unit='block',
                disable=not progress)
@@ -157,10 +165,24 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
                               set_size, epochs, lr))
         bar.update(depth)
     bar.close()
+    return aggregate(dict(metrics=metrics, blocks=blocks, depths=depths,
+                          seeds=seeds, channels=channels, set_size=set_size,
+                          num_train=num_train, num_test=num_test,
+                          epochs=epochs, lr=lr, runs=runs))
+
+
+def aggregate(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with its ``curves``: per metric, block kind and depth, the
+    seeds' mean distance after the last block (trained and at
+    initialisation), the trained range and the accuracy."""
     curves = []
-    for metric, kind, depth in itertools.product(metrics, blocks, depths):
-        mine = [r for r in runs if (r['metric'], r['block'], r['depth'])
-                == (metric, kind, depth)]
+    for metric, kind, depth in itertools.product(
+            results['metrics'], results['blocks'], results['depths']):
+        mine = [r for r in results['runs']
+                if (r['metric'], r['block'], r['depth']) == (metric, kind, depth)]
+        if not mine:
+            raise ValueError(f'no run of metric {metric!r}, block {kind!r}, '
+                             f'depth {depth} to aggregate')
         last_trained = [r['trained'][-1] for r in mine]
         last_initial = [r['initial'][-1] for r in mine]
         accuracy = [r['test_acc'] for r in mine]
@@ -173,10 +195,44 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
             last_initial=statistics.fmean(last_initial),
             test_acc=statistics.fmean(accuracy),
             test_acc_std=statistics.pstdev(accuracy)))
-    return dict(metrics=metrics, blocks=blocks, depths=depths, seeds=seeds,
-                channels=channels, set_size=set_size, num_train=num_train,
-                num_test=num_test, epochs=epochs, lr=lr, runs=runs,
-                curves=curves)
+    return {**results, 'curves': curves}
+
+
+SETTINGS = ('channels', 'set_size', 'num_train', 'num_test', 'epochs', 'lr')
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the ``results.json`` of runs of the same settings over
+    disjoint parts of the grid (other metrics, block kinds, depths or seeds),
+    e.g. one process per metric. Every metric, block kind and depth of the
+    union must have the same seeds."""
+    first = parts[0]
+    for part in parts[1:]:
+        for name in SETTINGS:
+            if part[name] != first[name]:
+                raise ValueError(f"cannot merge runs with different {name}: "
+                                 f"{first[name]} and {part[name]}")
+    runs = [run for part in parts for run in part['runs']]
+    keys = [(r['metric'], r['block'], r['depth'], r['seed']) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise ValueError('cannot merge: some runs (metric, block, depth, '
+                         'seed) appear in more than one part')
+    seeds: dict[tuple, set] = {}
+    for metric, kind, depth, seed in keys:
+        seeds.setdefault((metric, kind, depth), set()).add(seed)
+    if len({frozenset(s) for s in seeds.values()}) != 1:
+        raise ValueError('cannot merge: the parts ran different seeds for '
+                         'different cells of the grid')
+    metrics = [m for m in METRICS if any(r['metric'] == m for r in runs)]
+    blocks = [b for b in BLOCKS if any(r['block'] == b for r in runs)]
+    depths = sorted({r['depth'] for r in runs})
+    if len(seeds) != len(metrics) * len(blocks) * len(depths):
+        raise ValueError('cannot merge: the parts do not cover a full grid of '
+                         'metrics x block kinds x depths')
+    return aggregate(dict(metrics=metrics, blocks=blocks, depths=depths,
+                          seeds=len(next(iter(seeds.values()))),
+                          **{name: first[name] for name in SETTINGS},
+                          runs=runs))
 
 
 def summary_table(results: dict[str, Any]) -> str:
@@ -266,16 +322,28 @@ def main(args: argparse.Namespace) -> int:
                  'seeds'):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.first_seed < 0:
+        raise ValueError('--first-seed must not be negative')
     if min(args.depths) < 1:
         raise ValueError('--depths must be at least 1')
     if not args.lr > 0:
         raise ValueError('--lr must be positive')
     out = Path(args.out or Path('runs') / NAME)
-    results = measure(parse_names(args.metrics, METRICS, 'metric'),
-                      parse_names(args.blocks, BLOCKS, 'block kind'),
-                      sorted(set(args.depths)), args.seeds, args.channels,
-                      args.set_size, args.num_train, args.num_test, args.epochs,
-                      args.lr, not args.no_progress)
+    if args.merge:
+        parts = []
+        for folder in args.merge:
+            path = Path(folder) / 'results.json'
+            if not path.is_file():
+                raise FileNotFoundError(f"--merge: no results.json in '{folder}'")
+            parts.append(json.loads(path.read_text()))
+        results = merge(parts)
+    else:
+        results = measure(parse_names(args.metrics, METRICS, 'metric'),
+                          parse_names(args.blocks, BLOCKS, 'block kind'),
+                          sorted(set(args.depths)), args.seeds, args.channels,
+                          args.set_size, args.num_train, args.num_test,
+                          args.epochs, args.lr, not args.no_progress,
+                          args.first_seed)
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))
