@@ -111,21 +111,23 @@ class HeadBlockCSR:
     def aggregate(self, weights: Tensor, value: Tensor) -> Tensor:
         """``A_h @ value_h`` for every head: ``[H E]`` weights, ``[H N_src,
         C]`` values -> ``[H N_dst, C]``."""
-        return torch.cat([
-            _csr_matrix(self.crow, self.col, w_h,
-                        (self.num_dst, self.num_src)) @ v_h
-            for w_h, v_h in zip(self._heads(weights), self._node_heads(value),
-                                strict=True)])
+        out = value.new_empty(self.heads * self.num_dst, value.size(-1))
+        for w_h, v_h, out_h in zip(self._heads(weights), self._node_heads(value),
+                                   self._node_heads(out), strict=True):
+            torch.mm(_csr_matrix(self.crow, self.col, w_h,
+                                 (self.num_dst, self.num_src)), v_h, out=out_h)
+        return out
 
     def aggregate_transposed(self, weights: Tensor, grad: Tensor) -> Tensor:
         """``A_h^T @ grad_h`` for every head: ``[H E]`` weights of ``A``,
         ``[H N_dst, C]`` -> ``[H N_src, C]``."""
-        return torch.cat([
-            _csr_matrix(self.transpose_crow, self.transpose_col,
-                        w_h.index_select(0, self.transpose_gather),
-                        (self.num_src, self.num_dst)) @ g_h
-            for w_h, g_h in zip(self._heads(weights), self._node_heads(grad),
-                                strict=True)])
+        out = grad.new_empty(self.heads * self.num_src, grad.size(-1))
+        for w_h, g_h, out_h in zip(self._heads(weights), self._node_heads(grad),
+                                   self._node_heads(out), strict=True):
+            torch.mm(_csr_matrix(self.transpose_crow, self.transpose_col,
+                                 w_h.index_select(0, self.transpose_gather),
+                                 (self.num_src, self.num_dst)), g_h, out=out_h)
+        return out
 
     def row_reduce(self, values: Tensor, reduce: str) -> Tensor:
         """Reduce ``[H E]`` values per head and destination to ``[H N_dst]``
