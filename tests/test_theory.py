@@ -432,6 +432,33 @@ def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
     assert 'Unknown block kind' in capsys.readouterr().err
 
 
+def test_rank_collapse_trained_records_a_diverged_training(tmp_path, capsys):
+    """A stack whose training loss becomes non-finite (here dot-product skip
+    blocks at a huge learning rate) is a result of the grid, not the end of
+    it: recorded with its epoch, left out of the trained means, counted in
+    the table."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    out = tmp_path / 'diverged'
+    assert main(['experiment', 'rank_collapse_trained', '--depths', '4',
+                 '--metrics', 'dot,metric', '--blocks', 'skip', '--seeds', '1',
+                 '--epochs', '3', '--set-size', '20', '--num-train', '40',
+                 '--num-test', '40', '--lr', '1e6', '--channels', '8',
+                 '--out', str(out), '--no-progress']) == 0
+    results = json.loads((out / 'results.json').read_text())
+    runs = {run['metric']: run for run in results['runs']}
+    assert runs['dot']['diverged_at_epoch'] == 2
+    assert runs['dot']['trained'] is None and runs['dot']['test_acc'] is None
+    assert runs['metric']['diverged_at_epoch'] is None
+    curves = {curve['metric']: curve for curve in results['curves']}
+    assert curves['dot']['diverged'] == 1 and curves['dot']['last_trained'] is None
+    assert curves['metric']['diverged'] == 0
+    assert 0 <= curves['metric']['last_trained'] <= 1
+    assert '| dot | skip | diverged (' in capsys.readouterr().out
+    assert (out / 'rank_collapse_trained.png').stat().st_size > 0
+
+
 def test_rank_collapse_trained_merges_parts_run_apart(tmp_path, capsys):
     """One process per metric and per seed range, merged, gives the table of
     one process over the whole grid; overlapping or mismatched parts are

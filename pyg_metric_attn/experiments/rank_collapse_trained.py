@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -136,16 +137,21 @@ def train_one(metric: str, kind: str, depth: int, seed: int,
         x, y = batch
         return F.cross_entropy(model(x), y)
 
+    run = dict(metric=metric, block=kind, depth=depth, seed=seed,
+               initial=initial.mean(1).tolist(), diverged_at_epoch=None)
     trainer = Trainer(model, optimizer, step, progress=False)
-    history = trainer.fit(batches, epochs)
+    try:
+        history = trainer.fit(batches, epochs)
+    except FloatingPointError:  # a non-finite training loss: a result too
+        return {**run, 'diverged_at_epoch': len(trainer.history) + 1,
+                'trained': None, 'train_loss': None, 'test_acc': None}
     model.eval()
     with torch.no_grad():
         logits = model(x_test, test_sets)
-    return dict(metric=metric, block=kind, depth=depth, seed=seed,
-                initial=initial.mean(1).tolist(),
-                trained=model.residuals(x_test, test_sets).mean(1).tolist(),
-                train_loss=history[-1]['train_loss'] if history else None,
-                test_acc=float((logits.argmax(-1) == y_test).float().mean()))
+    return {**run,
+            'trained': model.residuals(x_test, test_sets).mean(1).tolist(),
+            'train_loss': history[-1]['train_loss'] if history else None,
+            'test_acc': float((logits.argmax(-1) == y_test).float().mean())}
 
 
 def measure(metrics: list[str], blocks: list[str], depths: list[int],
@@ -173,8 +179,10 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
 
 def aggregate(results: dict[str, Any]) -> dict[str, Any]:
     """``results`` with its ``curves``: per metric, block kind and depth, the
-    seeds' mean distance after the last block (trained and at
-    initialisation), the trained range and the accuracy."""
+    seeds' mean distance after the last block at initialisation, and over
+    the seeds whose training did not diverge, the mean trained distance, its
+    range and the accuracy (:obj:`None` where every seed diverged) and the
+    number of seeds that diverged."""
     curves = []
     for metric, kind, depth in itertools.product(
             results['metrics'], results['blocks'], results['depths']):
@@ -183,18 +191,24 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
         if not mine:
             raise ValueError(f'no run of metric {metric!r}, block {kind!r}, '
                              f'depth {depth} to aggregate')
-        last_trained = [r['trained'][-1] for r in mine]
-        last_initial = [r['initial'][-1] for r in mine]
-        accuracy = [r['test_acc'] for r in mine]
-        curves.append(dict(
-            metric=metric, block=kind, depth=depth,
-            input_trained=statistics.fmean(r['trained'][0] for r in mine),
-            last_trained=statistics.fmean(last_trained),
-            last_trained_low=min(last_trained),
-            last_trained_high=max(last_trained),
-            last_initial=statistics.fmean(last_initial),
-            test_acc=statistics.fmean(accuracy),
-            test_acc_std=statistics.pstdev(accuracy)))
+        trained = [r for r in mine if r['diverged_at_epoch'] is None]
+        last_trained = [r['trained'][-1] for r in trained]
+        accuracy = [r['test_acc'] for r in trained]
+        curve = dict(metric=metric, block=kind, depth=depth,
+                     last_initial=statistics.fmean(r['initial'][-1] for r in mine),
+                     diverged=len(mine) - len(trained),
+                     input_trained=None, last_trained=None,
+                     last_trained_low=None, last_trained_high=None,
+                     test_acc=None, test_acc_std=None)
+        if trained:
+            curve.update(
+                input_trained=statistics.fmean(r['trained'][0] for r in trained),
+                last_trained=statistics.fmean(last_trained),
+                last_trained_low=min(last_trained),
+                last_trained_high=max(last_trained),
+                test_acc=statistics.fmean(accuracy),
+                test_acc_std=statistics.pstdev(accuracy))
+        curves.append(curve)
     return {**results, 'curves': curves}
 
 
@@ -240,20 +254,28 @@ def summary_table(results: dict[str, Any]) -> str:
     lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| of the held-out sets "
              f"after the last of d blocks, trained for {results['epochs']} "
              f"epochs (at initialisation in brackets), and held-out accuracy; "
-             f"mean over {results['seeds']} seeds.", '',
+             f"mean over {results['seeds']} seeds (over those whose training "
+             f"did not diverge, with 'k div.' where k seeds' training loss "
+             f"became non-finite; 'diverged' where all did).", '',
              '| metric | block | ' + ' | '.join(f'd={d}' for d in depths) + ' |',
              '|' + '---|' * (2 + len(depths))]
     cells = {(c['metric'], c['block'], c['depth']): c for c in results['curves']}
+    def trained(curve: dict[str, Any], name: str, spec: str) -> str:
+        if curve[name] is None:
+            return 'diverged'
+        return (format(curve[name], spec)
+                + (f" ({curve['diverged']} div.)" if curve['diverged'] else ''))
+
     for metric, kind in itertools.product(results['metrics'], results['blocks']):
         lines.append(f'| {metric} | {kind} | ' + ' | '.join(
-            f"{cells[metric, kind, d]['last_trained']:.2e} "
-            f"({cells[metric, kind, d]['last_initial']:.2e})"
-            for d in depths) + ' |')
+            f"{trained(c, 'last_trained', '.2e')} ({c['last_initial']:.2e})"
+            for c in (cells[metric, kind, d] for d in depths)) + ' |')
     lines += ['', '| metric | block | ' + ' | '.join(
         f'acc d={d}' for d in depths) + ' |', '|' + '---|' * (2 + len(depths))]
     for metric, kind in itertools.product(results['metrics'], results['blocks']):
         lines.append(f'| {metric} | {kind} | ' + ' | '.join(
-            f"{cells[metric, kind, d]['test_acc']:.3f}" for d in depths) + ' |')
+            trained(c, 'test_acc', '.3f')
+            for c in (cells[metric, kind, d] for d in depths)) + ' |')
     return '\n'.join(lines) + '\n'
 
 
@@ -265,6 +287,10 @@ def write(results: dict[str, Any], out: Path) -> None:
     deepest = depths[-1]
     # A floor so that an exact rank one (0) still shows on a log axis.
     floor = 1e-12
+
+    def shown(value: float | None) -> float:  # a gap where every seed diverged
+        return math.nan if value is None else max(value, floor)
+
     figure = file_figure(figsize=(5 * len(blocks), 10.8))
     for index, kind in enumerate(blocks):
         top = figure.add_subplot(3, len(blocks), index + 1)
@@ -273,25 +299,30 @@ def write(results: dict[str, Any], out: Path) -> None:
         for metric in results['metrics']:
             cells = [c for c in results['curves']
                      if (c['metric'], c['block']) == (metric, kind)]
-            line, = top.semilogy(depths, [max(c['last_trained'], floor)
+            line, = top.semilogy(depths, [shown(c['last_trained'])
                                           for c in cells], marker='o',
                                  label=f'{metric}, trained')
-            top.fill_between(depths, [max(c['last_trained_low'], floor)
+            top.fill_between(depths, [shown(c['last_trained_low'])
                                       for c in cells],
-                             [max(c['last_trained_high'], floor) for c in cells],
+                             [shown(c['last_trained_high']) for c in cells],
                              color=line.get_color(), alpha=0.2)
-            top.semilogy(depths, [max(c['last_initial'], floor) for c in cells],
+            top.semilogy(depths, [shown(c['last_initial']) for c in cells],
                          linestyle='--', color=line.get_color(),
                          label=f'{metric}, initialisation')
-            bottom.errorbar(depths, [c['test_acc'] for c in cells],
-                            yerr=[c['test_acc_std'] for c in cells],
+            bottom.errorbar(depths, [math.nan if c['test_acc'] is None
+                                     else c['test_acc'] for c in cells],
+                            yerr=[0.0 if c['test_acc_std'] is None
+                                  else c['test_acc_std'] for c in cells],
                             marker='o', color=line.get_color(), label=metric,
                             capsize=3)
             runs = [r for r in results['runs'] if (r['metric'], r['block'],
                                                    r['depth']) == (metric, kind,
                                                                    deepest)]
             for key, style in (('trained', '-'), ('initial', '--')):
-                mean = [statistics.fmean(r[key][k] for r in runs)
+                finished = [r[key] for r in runs if r[key] is not None]
+                if not finished:  # every seed diverged
+                    continue
+                mean = [statistics.fmean(r[k] for r in finished)
                         for k in range(deepest + 1)]
                 through.semilogy(range(deepest + 1), [max(m, floor) for m in mean],
                                  linestyle=style, color=line.get_color(),
