@@ -21,6 +21,12 @@ distance at the last block and the accuracy per depth, trained and at
 initialisation) and ``rank_collapse_trained.png`` (those against depth, and
 the distance through the deepest stack, one column per block kind; an exact
 rank one is drawn at 1e-12).
+
+A run whose training loss becomes non-finite (deep stacks without
+normalisation can blow up) is recorded as diverged, with its epoch, and left
+out of the trained means; the tables count such seeds. The grid can be split
+over processes (``--metrics``, ``--blocks``, ``--depths``, ``--first-seed``
+and ``--seeds``) and the parts' folders joined with ``--merge``.
 """
 from __future__ import annotations
 
@@ -191,7 +197,7 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
         if not mine:
             raise ValueError(f'no run of metric {metric!r}, block {kind!r}, '
                              f'depth {depth} to aggregate')
-        trained = [r for r in mine if r['diverged_at_epoch'] is None]
+        trained = [r for r in mine if r.get('diverged_at_epoch') is None]
         last_trained = [r['trained'][-1] for r in trained]
         accuracy = [r['test_acc'] for r in trained]
         curve = dict(metric=metric, block=kind, depth=depth,
