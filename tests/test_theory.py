@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from conftest import shared_dataset
 
 from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.theory import (
@@ -365,6 +366,30 @@ def test_rank_collapse_experiment_command(tmp_path, capsys):
     assert curves['dot', 'skip'][-1] > 0.1
 
 
+def test_rank_collapse_on_mnist_point_sets(tmp_path, capsys):
+    """``--data mnist``: sets of MNIST images (784 standardised pixels each)
+    lifted to the blocks' width; the lift keeps their scale, so pure
+    dot-product attention still collapses them and skips keep them apart."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    from pyg_metric_attn.experiments.rank_collapse import point_set_data
+    root = shared_dataset('mnist')
+    x_train, y_train, x_test, y_test = point_set_data('mnist', 60, 20, str(root))
+    assert x_train.shape == (60, 784) and x_test.shape == (20, 784)
+    assert y_train.shape == (60,) and int(y_train.max()) <= 9
+    out = tmp_path / 'rank'
+    assert main(['experiment', 'rank_collapse', '--data', 'mnist', '--root',
+                 str(root), '--depth', '6', '--seeds', '1', '--sets', '2',
+                 '--set-size', '30', '--out', str(out), '--no-progress']) == 0
+    assert 'of mnist point sets' in capsys.readouterr().out
+    results = json.loads((out / 'results.json').read_text())
+    assert results['data'] == 'mnist'
+    curves = {(c['metric'], c['block']): c['mean'] for c in results['curves']}
+    assert curves['dot', 'attention'][-1] < 1e-3 * curves['dot', 'attention'][0]
+    assert curves['dot', 'skip'][-1] > 0.1
+
+
 def test_stretch_of_a_map_on_the_manifold():
     from pyg_metric_attn.experiments.heat_limit_learned import stretch
     sample = sphere(50, seed=1)
@@ -430,6 +455,32 @@ def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
     assert main(['experiment', 'rank_collapse_trained', '--blocks', 'conv',
                  '--out', str(out)]) != 0
     assert 'Unknown block kind' in capsys.readouterr().err
+
+
+def test_rank_collapse_trained_on_mnist_point_sets(tmp_path, capsys):
+    """``--data mnist``: the stacks learn the ten digits from images as
+    points, and the parts of an MNIST grid do not merge with a moons grid."""
+    import json
+
+    from pyg_metric_attn.cli import main
+    root = str(shared_dataset('mnist'))
+    tiny = ['--depths', '1', '--metrics', 'metric', '--blocks', 'skip',
+            '--seeds', '1', '--epochs', '2', '--set-size', '20',
+            '--num-train', '40', '--num-test', '40', '--no-progress']
+    out = tmp_path / 'mnist'
+    assert main(['experiment', 'rank_collapse_trained', '--data', 'mnist',
+                 '--root', root, *tiny, '--out', str(out)]) == 0
+    assert 'held-out mnist point sets' in capsys.readouterr().out
+    results = json.loads((out / 'results.json').read_text())
+    assert results['data'] == 'mnist'
+    run, = results['runs']
+    assert len(run['trained']) == 2 and 0 <= run['test_acc'] <= 1
+    assert main(['experiment', 'rank_collapse_trained', *tiny,
+                 '--out', str(tmp_path / 'moons')]) == 0
+    capsys.readouterr()
+    assert main(['experiment', 'rank_collapse_trained', '--merge', str(out),
+                 str(tmp_path / 'moons'), '--out', str(tmp_path / 'bad')]) != 0
+    assert 'different data' in capsys.readouterr().err
 
 
 def test_rank_collapse_trained_records_a_diverged_training(tmp_path, capsys):

@@ -1,9 +1,11 @@
 r"""``pyg-metric-attn experiment rank_collapse``: rank collapse of stacked
 attention at initialisation, dot-product against metric-attention.
 
-Point sets of the two-moons data (sets of ``--set-size`` points, lifted to
-``--channels`` features by a random linear map) go through ``--depth``
-freshly initialised propagation blocks of one kind:
+Point sets of the two-moons data or of MNIST images (``--data``; each image
+is a point, its 784 standardised pixels, as in the paper's IPN) in sets of
+``--set-size`` points, lifted to ``--channels`` features by a random linear
+map with entries :math:`\mathcal{N}(0, 1/\text{in\_channels})`, go through
+``--depth`` freshly initialised propagation blocks of one kind:
 
 * ``attention``: :math:`H \leftarrow S H W_v` (pure attention);
 * ``skip``: :math:`H \leftarrow H + S H W_v`;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +43,38 @@ NAME = 'rank_collapse'
 METRICS = ('dot', 'l2', 'metric')
 BLOCKS = ('attention', 'skip', 'skip+mlp')
 REPORTED_DEPTHS = (0, 1, 2, 4, 8, 16, 32, 64)
+DATA = ('moons', 'mnist')
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--data`` and ``--root``: the point sets of both rank experiments."""
+    parser.add_argument('--data', choices=DATA, default='moons',
+                        help='two moons (noise 0.2) or MNIST images as points')
+    parser.add_argument('--root', default='datasets',
+                        help="--data mnist: the data root holding MNIST/raw/ "
+                             "or raw/ with the four IDX files (downloaded there "
+                             "when missing; default: datasets)")
+
+
+def point_set_data(data: str, num_train: int, num_test: int,
+                   root: str = 'datasets') -> tuple[torch.Tensor, ...]:
+    """``(x_train, y_train, x_test, y_test)``: the first ``num_train`` and
+    ``num_test`` points of one two-moons draw (seed 0) or of MNIST's training
+    and test images (standardised pixels)."""
+    if data == 'moons':
+        from pyg_metric_attn.experiments.tasks.moon import moon_data
+        return moon_data(num_train, num_test, seed=0)
+    if data == 'mnist':
+        from pyg_metric_attn.datasets import MNIST
+        x_train, y_train = MNIST(Path(root), train=True).features()
+        x_test, y_test = MNIST(Path(root), train=False).features()
+        return (x_train[:num_train], y_train[:num_train], x_test[:num_test],
+                y_test[:num_test])
+    raise ValueError(f"unknown data {data!r}: expected one of {', '.join(DATA)}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser)
     parser.add_argument('--depth', type=int, default=64)
     parser.add_argument('--channels', type=int, default=16)
     parser.add_argument('--set-size', type=int, default=100)
@@ -79,10 +111,9 @@ class PropagationBlock(torch.nn.Module):
 
 
 def measure(depth: int, channels: int, set_size: int, sets: int, seeds: int,
-            progress: bool = True) -> dict[str, Any]:
-    from pyg_metric_attn.experiments.tasks.moon import moon_data
-
-    x, _, _, _ = moon_data(num_train=set_size * sets, num_test=1, seed=0)
+            progress: bool = True, data: str = 'moons',
+            root: str = 'datasets') -> dict[str, Any]:
+    x = point_set_data(data, set_size * sets, 1, root)[0]
     batch = torch.arange(sets).repeat_interleave(set_size)
     curves = []
     grid = list(itertools.product(METRICS, BLOCKS))
@@ -90,7 +121,7 @@ def measure(depth: int, channels: int, set_size: int, sets: int, seeds: int,
         runs = []
         for seed in range(seeds):
             torch.manual_seed(seed)
-            lift = torch.randn(x.size(1), channels)
+            lift = torch.randn(x.size(1), channels) / math.sqrt(x.size(1))
             blocks = [PropagationBlock(kind, metric, channels) for _ in range(depth)]
             layers = [lambda h, b=block: b(h, batch) for block in blocks]
             runs.append(residuals_through_depth(layers, x @ lift, batch))
@@ -100,13 +131,14 @@ def measure(depth: int, channels: int, set_size: int, sets: int, seeds: int,
                            mean=residuals.mean(1).tolist(),
                            low=residuals.amin(1).tolist(),
                            high=residuals.amax(1).tolist()))
-    return dict(depth=depth, channels=channels, set_size=set_size, sets=sets,
-                seeds=seeds, curves=curves)
+    return dict(data=data, depth=depth, channels=channels, set_size=set_size,
+                sets=sets, seeds=seeds, curves=curves)
 
 
 def summary_table(results: dict[str, Any]) -> str:
     depths = [d for d in REPORTED_DEPTHS if d <= results['depth']]
-    lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| after d blocks "
+    lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| of {results['data']} "
+             f"point sets after d blocks "
              f"(mean over {results['seeds']} seeds x {results['sets']} sets; "
              'd=0: the input; 0 means rank one).', '',
              '| metric | block | ' + ' | '.join(f'd={d}' for d in depths) + ' |',
@@ -136,6 +168,9 @@ def write(results: dict[str, Any], out: Path) -> None:
         ax.set_ylabel('distance to rank one')
         ax.grid(alpha=0.3, which='both')
         ax.legend(fontsize=8)
+    figure.suptitle(f"{results['data']} point sets at initialisation: mean "
+                    f"over {results['seeds']} seeds x {results['sets']} sets, "
+                    'band = min to max')
     figure.tight_layout()
     path = out / 'rank_collapse.png'
     with atomic_writer(path) as file:
@@ -148,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out or Path('runs') / NAME)
     results = measure(args.depth, args.channels, args.set_size, args.sets,
-                      args.seeds, not args.no_progress)
+                      args.seeds, not args.no_progress, args.data, args.root)
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))

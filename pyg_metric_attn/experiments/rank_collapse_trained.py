@@ -11,8 +11,10 @@ For every metric (``'dot'``, ``'l2'``, ``'metric'``), block kind
     \cdots \xrightarrow{\text{block}_d} H_d \xrightarrow{\text{Linear}}
     \text{logits}
 
-is trained on the two-moons points (sets of ``--set-size`` points, one Adam
-step per set, ``--epochs`` epochs: a fixed budget for every depth). Before
+is trained to classify the points of the two-moons data or MNIST's images
+(``--data``; each image a point of 784 standardised pixels, as in the paper's
+IPN) in sets of ``--set-size`` points, one Adam step per set, ``--epochs``
+epochs: a fixed budget for every depth. Before
 and after training, the distance of each held-out set's features to rank one,
 :func:`~pyg_metric_attn.theory.rank_one_residual`, is recorded for
 :math:`H_0, \dots, H_d`, and the held-out accuracy after training. Written
@@ -48,6 +50,8 @@ from pyg_metric_attn.experiments.rank_collapse import (
     BLOCKS,
     METRICS,
     PropagationBlock,
+    add_data_arguments,
+    point_set_data,
 )
 from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 from pyg_metric_attn.theory import residuals_through_depth
@@ -96,6 +100,7 @@ class StackClassifier(torch.nn.Module):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser)
     parser.add_argument('--depths', type=int, nargs='+', default=list(DEPTHS))
     parser.add_argument('--metrics', default=','.join(METRICS),
                         help=f"comma-separated, of {', '.join(METRICS)}")
@@ -104,9 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--channels', type=int, default=16)
     parser.add_argument('--set-size', type=int, default=100)
     parser.add_argument('--num-train', type=int, default=400,
-                        help='training points (two moons, noise 0.2)')
+                        help='training points (MNIST: its first training '
+                             'images)')
     parser.add_argument('--num-test', type=int, default=400,
-                        help='held-out points: accuracy and the distances')
+                        help='held-out points (MNIST: its first test images): '
+                             'accuracy and the distances')
     parser.add_argument('--epochs', type=int, default=40)
     parser.add_argument('--lr', type=float, default=2e-3)
     parser.add_argument('--seeds', type=int, default=10)
@@ -163,10 +170,9 @@ def train_one(metric: str, kind: str, depth: int, seed: int,
 def measure(metrics: list[str], blocks: list[str], depths: list[int],
             seeds: int, channels: int, set_size: int, num_train: int,
             num_test: int, epochs: int, lr: float, progress: bool = True,
-            first_seed: int = 0) -> dict[str, Any]:
-    from pyg_metric_attn.experiments.tasks.moon import moon_data
-
-    data = moon_data(num_train, num_test, seed=0)
+            first_seed: int = 0, data_name: str = 'moons',
+            root: str = 'datasets') -> dict[str, Any]:
+    data = point_set_data(data_name, num_train, num_test, root)
     grid = list(itertools.product(metrics, blocks, depths,
                                  range(first_seed, first_seed + seeds)))
     runs = []
@@ -177,9 +183,9 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
                               set_size, epochs, lr))
         bar.update(depth)
     bar.close()
-    return aggregate(dict(metrics=metrics, blocks=blocks, depths=depths,
-                          seeds=seeds, channels=channels, set_size=set_size,
-                          num_train=num_train, num_test=num_test,
+    return aggregate(dict(data=data_name, metrics=metrics, blocks=blocks,
+                          depths=depths, seeds=seeds, channels=channels,
+                          set_size=set_size, num_train=num_train, num_test=num_test,
                           epochs=epochs, lr=lr, runs=runs))
 
 
@@ -218,7 +224,8 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
     return {**results, 'curves': curves}
 
 
-SETTINGS = ('channels', 'set_size', 'num_train', 'num_test', 'epochs', 'lr')
+SETTINGS = ('data', 'channels', 'set_size', 'num_train', 'num_test', 'epochs',
+            'lr')
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -257,7 +264,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summary_table(results: dict[str, Any]) -> str:
     depths = results['depths']
-    lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| of the held-out sets "
+    lines = [f"Distance to rank one ||X - 1 mean^T|| / ||X|| of the held-out "
+             f"{results['data']} point sets "
              f"after the last of d blocks, trained for {results['epochs']} "
              f"epochs (at initialisation in brackets), and held-out accuracy; "
              f"mean over {results['seeds']} seeds (over those whose training "
@@ -348,6 +356,8 @@ def write(results: dict[str, Any], out: Path) -> None:
         through.grid(alpha=0.3, which='both')
         for ax in (top, bottom, through):
             ax.legend(fontsize=7)
+    figure.suptitle(f"{results['data']} point sets: {results['seeds']} seeds, "
+                    f"{results['epochs']} epochs of training")
     figure.tight_layout()
     path = out / 'rank_collapse_trained.png'
     with atomic_writer(path) as file:
@@ -380,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
                           sorted(set(args.depths)), args.seeds, args.channels,
                           args.set_size, args.num_train, args.num_test,
                           args.epochs, args.lr, not args.no_progress,
-                          args.first_seed)
+                          args.first_seed, args.data, args.root)
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))
