@@ -1,6 +1,7 @@
 """Conversions between PyG's adjacency formats and a plain ``edge_index``.
 
-Layers accept ``edge_index`` (``[2, E]``, row 0 = source, row 1 = destination),
+Layers accept ``edge_index`` (``[2, E]``, row 0 = source, row 1 = destination,
+a plain tensor or PyG's :class:`~torch_geometric.EdgeIndex`),
 ``torch_sparse.SparseTensor`` and ``torch.sparse`` COO/CSR/CSC tensors. Sparse
 adjacencies follow PyG's transposed convention: entry ``(i, j)`` is the edge
 ``j -> i`` (rows are destinations). :func:`adjacency_to_edge_index` turns any of
@@ -15,6 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch_geometric import EdgeIndex
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import (
     is_torch_sparse_tensor,
@@ -35,7 +37,13 @@ class Adjacency(NamedTuple):
 
 
 def adjacency_to_edge_index(adj: Any) -> Adjacency:
-    """Return ``adj`` as an ``edge_index`` (``[2, E]``, source row first)."""
+    """Return ``adj`` as an ``edge_index`` (``[2, E]``, source row first), a
+    plain tensor: an :class:`~torch_geometric.EdgeIndex` gives its data
+    (zero-copy, the same tensor at every call), so kernels that read raw
+    pointers never see the subclass."""
+    if isinstance(adj, EdgeIndex):
+        num_src, num_dst = adj.sparse_size()
+        return Adjacency(adj.as_tensor(), 'edge_index', num_src, num_dst)
     if isinstance(adj, SparseTensor):
         dst, src, value = adj.coo()
         num_dst, num_src = adj.sparse_sizes()

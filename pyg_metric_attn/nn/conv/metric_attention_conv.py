@@ -482,14 +482,20 @@ class MetricAttentionConv(MessagePassing):
     def _edge_features(self, edge_attr: OptTensor,
                        adjacency_value: OptTensor) -> OptTensor:
         """``edge_attr``, or the values of a sparse adjacency where the layer
-        reads edge features (as PyG's attention layers do)."""
+        reads edge features (as PyG's attention layers do). Beside an
+        ``edge_attr`` (ordered like the adjacency's non-zeros) the values only
+        mark the pattern, as in PyG, unless they are edge features themselves
+        (multi-dimensional)."""
         if adjacency_value is None or self.lin_edge is None:
             return edge_attr
-        if edge_attr is not None:
-            raise ValueError("Edge features were given twice: as 'edge_attr' "
-                             "and as the values of the sparse adjacency; pass "
-                             "one of them")
-        return adjacency_value
+        if edge_attr is None:
+            return adjacency_value
+        if adjacency_value.dim() > 1:
+            raise ValueError(
+                f"Edge features were given twice: as 'edge_attr' and as the "
+                f"{list(adjacency_value.shape)} values of the sparse "
+                f"adjacency; pass one of them")
+        return edge_attr
 
     def _num_nodes(self, x_src: Tensor, x_dst: Tensor | None, adjacency,
                    size: Size) -> tuple[int, int]:
