@@ -167,9 +167,10 @@ class MetricAttentionConv(MessagePassing):
             message hooks, explain mode and any ``aggr``. ``'auto'`` takes
             ``'triton'`` on CUDA where Triton is installed, ``'fused'`` on CPU
             in float32/float64, else ``'scatter'``. Every backend falls back to
-            ``'scatter'`` while hooks or explain mode need the messages, for
-            an ``aggr`` other than ``'add'``/``'sum'``/``'mean'``, and
-            ``'auto'`` does under :func:`torch.compile`. ``'triton'`` computes
+            ``'scatter'`` while hooks or explain mode need the messages;
+            ``'auto'`` takes it for an ``aggr`` other than
+            ``'add'``/``'sum'``/``'mean'`` (which ``'fused'`` and
+            ``'triton'`` refuse) and under :func:`torch.compile`. ``'triton'`` computes
             only ``normalization='row'`` (``'auto'`` then takes ``'fused'``
             or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
@@ -228,6 +229,10 @@ class MetricAttentionConv(MessagePassing):
         if backend not in BACKENDS:
             raise ValueError(f"Unknown backend '{backend}'; expected one of "
                              f"{BACKENDS}")
+        if backend in ('fused', 'triton') and self.aggr not in FUSED_AGGREGATIONS:
+            raise ValueError(f"backend='{backend}' computes aggr 'add', 'sum' "
+                             f"or 'mean', got aggr={self.aggr!r}; use "
+                             f"backend='scatter' or 'auto'")
         check_normalization(normalization, sinkhorn_iterations)
         if backend == 'triton' and normalization != 'row':
             raise ValueError(f"backend='triton' computes normalization='row' "
