@@ -169,3 +169,20 @@ def test_bad_indices_raise_an_index_error_naming_them(backend, as_edge_index, x)
         for _ in range(2):  # checked once per graph, and the result kept
             with pytest.raises(IndexError, match=match):
                 conv(x, graph)
+
+
+def test_jit_trace_records_the_message_passing_path(x):
+    """``torch.jit.trace`` (PyG's traceable-conv tests): ``'auto'`` traces the
+    scatter path, which then runs on other graphs too; a backend named
+    explicitly that cannot be traced says so."""
+    conv = MetricAttentionConv(8, 4, heads=2)
+    conv(x, EDGES)  # the graph is cached: the trace must still record it
+    with pytest.warns(torch.jit.TracerWarning):
+        traced = torch.jit.trace(conv, (x, EDGES))
+    torch.testing.assert_close(traced(x, EDGES), conv(x, EDGES))
+    other = EDGES[:, [1, 3, 4, 0, 7]]
+    torch.testing.assert_close(traced(x, other), conv(x, other))
+    for backend in ('fused', 'triton'):
+        with pytest.raises(RuntimeError, match=f"backend='{backend}' cannot "
+                                               "be traced"):
+            torch.jit.trace(MetricAttentionConv(8, 4, backend=backend), (x, EDGES))

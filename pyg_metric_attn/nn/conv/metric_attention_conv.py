@@ -584,6 +584,13 @@ class MetricAttentionConv(MessagePassing):
 
     def _choose_backend(self, values: Tensor) -> str:
         """The backend of this call (see ``backend`` in the class docstring)."""
+        if torch.jit.is_tracing():
+            if self.backend in ('fused', 'triton'):
+                raise RuntimeError(
+                    f"backend='{self.backend}' cannot be traced by "
+                    f"torch.jit.trace (its sparse kernels are opaque to the "
+                    f"tracer); trace backend='auto' or 'scatter'")
+            return 'scatter'
         if (self.backend == 'scatter' or self.explain
                 or self.aggr not in FUSED_AGGREGATIONS
                 or any(getattr(self, name) for name in MESSAGE_PASSING_HOOKS)):
