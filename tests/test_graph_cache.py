@@ -103,3 +103,17 @@ def test_capacity_bounds_the_cache():
     for edge_index in graphs:
         conv(x, edge_index)
     assert len(graph_cache._entries) == graph_cache.CAPACITY
+
+
+def test_fullgraph_compile_traces_past_the_cache():
+    """Under torch.compile the cache steps aside before it touches the
+    tensor (Dynamo stops at ``is_inference()``), so ``fullgraph=True``
+    compiles the whole layer, cached self-loops included (issue 26, §3)."""
+    edge_index, x = graph(3)
+    conv = MetricAttentionConv(8, 4, heads=2)
+    expected = conv(x, edge_index)  # the graph is cached eagerly
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True, backend='aot_eager')
+    torch.testing.assert_close(compiled(x, edge_index), expected)
+    other, _ = graph(4)
+    torch.testing.assert_close(compiled(x, other), conv(x, other))
