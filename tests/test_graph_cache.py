@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.conv import metric_attention_conv
+from pyg_metric_attn.nn import edge_attention
 from pyg_metric_attn.utils import graph_cache
 
 
@@ -24,12 +24,12 @@ def empty_cache():
 def builds(monkeypatch):
     """Counts the CSR views the layer builds."""
     count = {'csr': 0}
-    original = metric_attention_conv.HeadBlockCSR
+    original = edge_attention.HeadBlockCSR
 
     def counting(*args, **kwargs):
         count['csr'] += 1
         return original(*args, **kwargs)
-    monkeypatch.setattr(metric_attention_conv, 'HeadBlockCSR', counting)
+    monkeypatch.setattr(edge_attention, 'HeadBlockCSR', counting)
     return count
 
 

@@ -60,3 +60,18 @@ def check_edge_attr(edge_attr: Tensor, num_edges: int, edge_dim: int) -> None:
     if edge_attr.dim() > 2 or edge_attr.size(0) != num_edges or width != edge_dim:
         raise ValueError(f"'edge_attr' must have shape [{num_edges}, {edge_dim}] "
                          f"(one row per edge), got {list(edge_attr.shape)}")
+
+
+def check_batch_vector(batch: Tensor, num_nodes: int) -> None:
+    """``batch`` must be an integer ``[num_nodes]`` graph (or set) index per
+    node, non-negative (checked on CPU tensors)."""
+    if batch.dim() != 1 or batch.numel() != num_nodes:
+        raise ValueError(f"'batch' must have shape [{num_nodes}] (one graph "
+                         f"index per node), got {list(batch.shape)}")
+    if batch.is_floating_point() or batch.is_complex() or \
+            batch.dtype == torch.bool:
+        raise TypeError(f"'batch' must hold integer graph indices, got "
+                        f"{batch.dtype}")
+    if batch.numel() and batch.device.type == 'cpu' and int(batch.min()) < 0:
+        raise IndexError(f"'batch' contains a negative graph index "
+                         f"({int(batch.min())})")
