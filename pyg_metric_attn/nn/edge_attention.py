@@ -242,9 +242,9 @@ def fused_attention(graph: LayerGraph, query: Tensor, key: Tensor,
         logits = csr.to_edges(block_logits(  # [E', H]
             query, key, csr, metric, time_scale, row_term=True))
         alpha = attention_weights(
-            logits, normalization, edge_index[1], edge_index[0],
-            graph.num_dst, graph.num_src, edge_bias, dropout_mask,
-            edge_graph, sinkhorn_iterations)
+            logits, edge_bias, dropout_mask, normalization, edge_index[1],
+            edge_index[0], graph.num_dst, graph.num_src, edge_graph,
+            sinkhorn_iterations)
         out = SparseAggregate.apply(csr, csr.from_edges(alpha),
                                     to_blocks(value.to(alpha.dtype)))
         out = from_blocks(out, csr.heads)

@@ -177,19 +177,12 @@ def normalize_edge_logits(
     raise AssertionError  # unreachable: check_normalization raised
 
 
-def attention_weights(
-    logits: Tensor,
-    normalization: str,
-    dst: Tensor,
-    src: Tensor,
-    num_dst: int,
-    num_src: int,
-    edge_bias: Tensor | None = None,
-    dropout_mask: Tensor | None = None,
-    edge_graph: Tensor | None = None,
-    sinkhorn_iterations: int = 3,
-    ptr: Tensor | None = None,
-) -> Tensor:
+def attention_weights(logits: Tensor, edge_bias: Tensor | None,
+                      dropout_mask: Tensor | None, normalization: str,
+                      dst: Tensor, src: Tensor, num_dst: int, num_src: int,
+                      edge_graph: Tensor | None = None,
+                      sinkhorn_iterations: int = 3,
+                      ptr: Tensor | None = None) -> Tensor:
     r"""Attention weights ``[E, H]`` of a graph layer: the logits plus
     ``edge_bias`` (``[E, H]``), normalised by :func:`normalize_edge_logits`,
     times ``dropout_mask`` (``[E, H]``, attention dropout). Other arguments

@@ -150,17 +150,20 @@ class MetricAttentionConv(MessagePassing):
             ``'scatter'`` while hooks or explain mode need the messages;
             ``'auto'`` takes it for an ``aggr`` other than
             ``'add'``/``'sum'``/``'mean'`` (which ``'fused'`` and
-            ``'triton'`` refuse) and under :func:`torch.compile`. ``'triton'`` computes
-            only ``normalization='row'`` (``'auto'`` then takes ``'fused'``
-            or ``'scatter'``). (default: :obj:`'auto'`)
+            ``'triton'`` refuse), under :func:`torch.compile` and under
+            :func:`torch.jit.trace` (which cannot trace the other two).
+            ``'triton'`` computes only ``normalization='row'`` (``'auto'``
+            then takes ``'fused'`` or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`,
-          edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency,
-          whose values are used as edge features when ``edge_dim`` is set),
+          edge indices :math:`(2, |\mathcal{E}|)` (a tensor or an
+          :class:`~torch_geometric.EdgeIndex`; or a sparse adjacency, whose
+          values are the edge features when ``edge_dim`` is set and no
+          ``edge_attr`` is given),
           edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*, ``batch``
           :math:`(|\mathcal{V}_t|)` *(optional, ``'global'`` only)*
         - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` if
@@ -325,11 +328,13 @@ class MetricAttentionConv(MessagePassing):
                 features, or ``(source, destination)`` features. With
                 ``(x, None)`` the destination nodes are the first
                 ``size[1]`` source nodes (the PyG sampled-subgraph convention).
-            edge_index (torch.Tensor or SparseTensor or torch.sparse.Tensor):
-                The graph; sparse adjacencies are indexed ``[dst, src]`` and
-                their values are the edge features when ``edge_dim`` is set.
+            edge_index (torch.Tensor or EdgeIndex or SparseTensor or
+                torch.sparse.Tensor): The graph; sparse adjacencies are
+                indexed ``[dst, src]`` and their values are the edge features
+                when ``edge_dim`` is set and ``edge_attr`` is not.
             edge_attr (torch.Tensor, optional): Edge features (needs
-                ``edge_dim``).
+                ``edge_dim``), ordered like the edges (a sparse adjacency's
+                non-zeros, whose values then only mark the pattern).
             size ((int, int), optional): ``(num_src, num_dst)``.
             return_attention_weights (bool, optional): If :obj:`True`, also
                 return the attention weights as
@@ -509,8 +514,9 @@ class MetricAttentionConv(MessagePassing):
                     index: Tensor, edge_index_j: Tensor, ptr: OptTensor,
                     size_i: int | None, size_j: int | None) -> Tensor:
         return attention_weights(
-            logits, self.normalization, index, edge_index_j, size_i, size_j,
-            edge_bias, dropout_mask, edge_graph, self.sinkhorn_iterations, ptr)
+            logits, edge_bias, dropout_mask, self.normalization, index,
+            edge_index_j, size_i, size_j, edge_graph, self.sinkhorn_iterations,
+            ptr)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
         return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
