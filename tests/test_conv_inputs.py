@@ -19,6 +19,7 @@ from torch_geometric.utils import (
 from pyg_metric_attn import MetricAttentionConv
 from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
 from pyg_metric_attn.utils import graph_cache
+from pyg_metric_attn.utils.checks import check_edge_index
 
 NUM_NODES = 6
 # Unsorted, with a self-loop (no duplicates: sparse adjacencies sum them).
@@ -186,3 +187,12 @@ def test_jit_trace_records_the_message_passing_path(x):
         with pytest.raises(RuntimeError, match=f"backend='{backend}' cannot "
                                                "be traced"):
             torch.jit.trace(MetricAttentionConv(8, 4, backend=backend), (x, EDGES))
+
+
+@pytest.mark.parametrize('edges,match', bad_graphs())
+def test_bad_indices_are_asserted_on_the_device_without_a_read(edges, match):
+    """On a GPU the range is asserted without a host sync (a device-side
+    assert); on CPU the same assert raises at once."""
+    check_edge_index(EDGES, NUM_NODES, NUM_NODES, read_values=False)
+    with pytest.raises(RuntimeError, match='index out of range for 6 source'):
+        check_edge_index(edges, NUM_NODES, NUM_NODES, read_values=False)
