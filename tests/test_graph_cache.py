@@ -117,3 +117,16 @@ def test_fullgraph_compile_traces_past_the_cache():
     torch.testing.assert_close(compiled(x, edge_index), expected)
     other, _ = graph(4)
     torch.testing.assert_close(compiled(x, other), conv(x, other))
+
+
+def test_an_edge_index_is_cached_through_its_data(builds):
+    """A PyG ``EdgeIndex`` enters as its data tensor, the same at every call,
+    so its graph is built once too."""
+    from torch_geometric import EdgeIndex
+    edge_index, x = graph(5)
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    conv = MetricAttentionConv(8, 4, heads=2, backend='fused')
+    for _ in range(3):
+        out = conv(x, index)
+    assert builds['csr'] == 1
+    torch.testing.assert_close(out, fresh_result(conv, x, edge_index))
