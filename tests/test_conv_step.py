@@ -5,33 +5,19 @@ back to the host (no ``nonzero``, ``unique``, ``item``; see
 the number of ops it dispatches does not grow with the graph."""
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.op_count import HOST_READS, repeated_step_ops
 from pyg_metric_attn import MetricAttentionConv
 from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
 from pyg_metric_attn.utils import graph_cache
 
-HOST_READS = ('_local_scalar_dense', 'nonzero', 'unique', '_unique2',
-              'unique_consecutive', 'item')
 # Reads of a value the step may make: the fused path's precision guard
 # (sparse_attention.block_logits decides float32 or float64 logits), and the
 # Triton path's dropout seed (drawn from torch's CPU generator: no device
 # sync on a GPU).
 ALLOWED_READS = {'fused': 1, 'auto': 1, 'scatter': 0, 'triton': 1}
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(autouse=True)
@@ -49,20 +35,12 @@ def graph(num_nodes, num_edges, seed=0):
     return x, edge_index, edge_attr
 
 
-def repeated_step(conv, x, edge_index, edge_attr) -> Counter:
-    """The ops of a fwd+bwd after a first one on the same graph."""
-    conv(x, edge_index, edge_attr).sum().backward()
-    with OpCounter() as counter:
-        conv(x, edge_index, edge_attr).sum().backward()
-    return counter.ops
-
-
 @pytest.mark.parametrize('backend', ['fused', 'auto', 'scatter']
                          + (['triton'] if HAVE_TRITON else []))
 def test_the_repeated_step_reads_no_value_back(backend):
     conv = MetricAttentionConv(8, 4, heads=2, edge_dim=2, dropout=0.1,
                                backend=backend)
-    ops = repeated_step(conv, *graph(12, 40))
+    ops = repeated_step_ops(conv, *graph(12, 40))
     reads = {name: ops[name] for name in HOST_READS if ops[name]}
     assert sum(reads.values()) == ALLOWED_READS[backend], reads
     assert set(reads) <= {'_local_scalar_dense'}, reads
@@ -71,6 +49,6 @@ def test_the_repeated_step_reads_no_value_back(backend):
 @pytest.mark.parametrize('backend', ['fused', 'scatter'])
 def test_the_repeated_step_does_not_grow_with_the_graph(backend):
     conv = MetricAttentionConv(8, 4, heads=2, edge_dim=2, backend=backend)
-    small = repeated_step(conv, *graph(12, 40))
-    large = repeated_step(conv, *graph(300, 2000, seed=1))
+    small = repeated_step_ops(conv, *graph(12, 40))
+    large = repeated_step_ops(conv, *graph(300, 2000, seed=1))
     assert small == large
