@@ -130,3 +130,20 @@ def test_an_edge_index_is_cached_through_its_data(builds):
         out = conv(x, index)
     assert builds['csr'] == 1
     torch.testing.assert_close(out, fresh_result(conv, x, edge_index))
+
+
+def test_uncached_self_loops_are_built_once_per_call(monkeypatch):
+    """In inference mode nothing is cached; the call still builds its
+    self-looped graph once, for the layer and its CSR alike."""
+    calls = []
+    original = edge_attention.add_self_loops
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(edge_attention, 'add_self_loops', counting)
+    edge_index, x = graph(6)
+    conv = MetricAttentionConv(8, 4, heads=2, backend='fused')
+    with torch.inference_mode():
+        conv(x, edge_index.clone())
+    assert len(calls) == 1

@@ -110,7 +110,7 @@ class LayerGraph:
     Every structure is cached on ``source`` (the caller's ``[2, E]`` tensor,
     see :mod:`~pyg_metric_attn.utils.graph_cache`) under a key made here
     from the node counts, the self-loop policy and the structure's own
-    parameters; ``source`` :obj:`None` builds at every call.
+    parameters.
 
     Args:
         source (torch.Tensor): The caller's plain ``edge_index`` ``[2, E]``.
@@ -118,18 +118,15 @@ class LayerGraph:
         num_dst (int): Number of destination nodes.
         self_loops (bool): Replace the self-loops by one per destination
             node among the sources (as :class:`~torch_geometric.nn.conv.GATConv`).
-        cache (bool, optional): Cache on ``source``. (default: :obj:`True`)
     """
     def __init__(self, source: Tensor, num_src: int, num_dst: int,
-                 self_loops: bool, cache: bool = True):
+                 self_loops: bool):
         self.source = source
         self.num_src, self.num_dst = num_src, num_dst
         self.self_loops = self_loops
-        self._cache = cache
+        self._with_loops: tuple[Tensor, Tensor] | None = None
 
     def _cached(self, what: str, build: Callable[[], T], *params: Hashable) -> T:
-        if not self._cache:
-            return build()
         return cached(self.source, (what, self.num_src, self.num_dst,
                                     self.self_loops, *params), build)
 
@@ -163,14 +160,17 @@ class LayerGraph:
 
     def _loops(self) -> tuple[Tensor, Tensor]:
         """``(edge_index, kept)``: the edges with self-loops replaced, and
-        the caller's edges they start with (the added loops follow)."""
+        the caller's edges they start with (the added loops follow); kept
+        for this call also where nothing is cached (inference mode)."""
         def build() -> tuple[Tensor, Tensor]:
             edge_index = self.source.long()
             kept = (edge_index[0] != edge_index[1]).nonzero().view(-1)
             return add_self_loops(edge_index.index_select(1, kept),
                                   num_nodes=min(self.num_src, self.num_dst)
                                   )[0], kept
-        return self._cached('self_loops', build)
+        if self._with_loops is None:
+            self._with_loops = self._cached('self_loops', build)
+        return self._with_loops
 
     def csr(self, heads: int) -> HeadBlockCSR:
         """:attr:`edge_index` as the CSR pattern of ``heads`` heads and its
