@@ -205,16 +205,21 @@ def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
         error = query_norm * key_norm
     else:
         error = math.sqrt(query.size(-1)) * (query_norm + key_norm) ** 2
-    time_scale = float(torch.as_tensor(time_scale).detach())
-    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(time_scale)
+    scale = (time_scale.detach().abs() if isinstance(time_scale, Tensor)
+             else abs(float(time_scale)))
+    # One read of a value decides (one host sync on a GPU).
+    return bool(rounding * error <= LOGIT_ROUNDING_TOLERANCE * scale)
 
 
-def _largest_norm(points: Tensor) -> float:
+def _largest_norm(points: Tensor) -> Tensor:
     """The largest Euclidean norm of a point (rows along the last dimension),
-    ignoring NaN rows; infinite entries and overflowing norms count as the
-    dtype's largest value. 0 without any point."""
+    ignoring NaN rows, as a float64 scalar tensor; infinite entries and
+    overflowing norms count as the dtype's largest value. 0 without any
+    point."""
     norms = torch.linalg.vector_norm(points.detach(), dim=-1)
-    return float(norms.nan_to_num(nan=0.0).max()) if norms.numel() else 0.0
+    if not norms.numel():
+        return norms.new_zeros((), dtype=torch.float64)
+    return norms.nan_to_num(nan=0.0).max().double()
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,

@@ -6,13 +6,13 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import to_dense_batch
 
+from pyg_metric_attn.utils.checks import check_batch_vector
+
 
 def check_batch(batch: Tensor, num_nodes: int) -> None:
     """Raise unless ``batch`` is a sorted ``[num_nodes]`` set index (points of
     a set contiguous, as PyG batches them)."""
-    if batch.dim() != 1 or batch.numel() != num_nodes:
-        raise ValueError(f"'batch' must have shape [{num_nodes}], got "
-                         f"{list(batch.shape)}")
+    check_batch_vector(batch, num_nodes)
     if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
         raise ValueError("'batch' must be sorted (points of a set contiguous)")
 
