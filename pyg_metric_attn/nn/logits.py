@@ -106,7 +106,12 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
     Only finite keys count (a NaN or infinite key does not move the centre),
     and with ``mask`` (boolean, broadcastable to ``key`` with size 1 in the
     last dimension) only the keys where it is :obj:`True`; with no key left
-    the centre is zero. Torch ops on the device, no synchronisation."""
+    the centre is zero. The centre is rounded to a multiple of the unit in
+    the last place of the largest counted coordinate, so that the shift
+    itself rounds (almost) nothing: a centre near the origin becomes zero
+    (in bfloat16 a rounded shift would cost more than it gains), one far
+    from it is subtracted exactly. Torch ops on the device, no
+    synchronisation."""
     key_data = key.detach()
     # A key counts where its coordinate sum is finite (cheaper than checking
     # each coordinate; a finite key whose sum overflows just does not count).
@@ -114,8 +119,13 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
     if mask is not None:
         counted = counted & mask
     count = counted.sum(dim, keepdim=True).clamp(min=1)
+    counted_keys = torch.where(counted, key_data, 0)
     # Divide before summing: no overflow even for keys near the dtype's max.
-    centre = torch.where(counted, key_data, 0).div_(count).sum(dim, keepdim=True)
+    centre = counted_keys.div(count).sum(dim, keepdim=True)
+    finfo = torch.finfo(key.dtype)
+    largest = counted_keys.abs().amax((dim, -1), keepdim=True)
+    grid = torch.exp2(largest.clamp(min=finfo.tiny).log2().floor()) * finfo.eps
+    centre = centre.div(grid).round().mul(grid)
     shifted_key = key - centre
     # Self-attention with a tied map: shift once (and keep `query is key`).
     return (shifted_key if query is key else query - centre), shifted_key
