@@ -18,9 +18,17 @@ kernel, its backward is 2-3x slower with any mask, and ``is_causal`` cannot be
 combined with a mask. So the key bias serves inference (no gradient, not
 causal), where it runs at SDPA-dot speed; training and causal calls take the
 augmented form, whose flash backward also gives the keys their gradient. Off
-CPU the augmented form always runs (GPU flash kernels take no mask), its head
-width padded to a multiple of 8; that choice is untimed (no GPU was
-available). ``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
+CPU the augmented form always runs (GPU flash kernels take no mask). Its
+width is the metric width plus one; query, key and value are zero-padded to
+one width (a multiple of 8 off CPU), so a metric width one less than the
+value width pads nothing and runs the kernel of the value width: on an H100
+(bf16, issue 27) a metric width of 64 (65, padded to 72, ran cuDNN's 128-wide
+kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
+63 1.09-1.89x. :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`
+therefore defaults to it. The augmentation (norm, concatenation) stays plain
+tensor ops, which :func:`torch.compile` fuses into its graph with the
+``'fast'`` precision policy. ``'dot'`` is plain SDPA with
+``scale = 1/(sqrt(D) t)``.
 
 Precision. Queries and keys are centred on the mean of the keys of their own
 softmax (each batch element and head, counting only keys that some query
