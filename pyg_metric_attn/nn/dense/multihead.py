@@ -19,12 +19,14 @@ class MetricMultiheadAttention(torch.nn.Module):
     r"""Multi-head attention whose logits come from a learned pseudo-metric.
 
     Per head :math:`h`, with :math:`\phi(x)_h` of the metric width :math:`D`
-(``metric_channels``) and values of the head width
-:math:`\text{embed\_dim} / H`:
+    (``metric_channels``) and values of the head width
+    :math:`\text{embed\_dim} / H`:
 
     * ``'metric'``: :math:`s_{ij} = -\|\phi(x_i)_h - \phi(y_j)_h\|^2 / t`
-      with :math:`\phi(u) = u + W_2 \tanh(W_1 u + b_1) + b_2` shared by
-      queries and keys (Ruan & Zhang's metric-attention),
+      with :math:`\phi(u) = P u + W_2 \tanh(W_1 u + b_1) + b_2` shared by
+      queries and keys (Ruan & Zhang's metric-attention; :math:`P` the
+      identity where the metric space is as wide as the input, else
+      learned),
     * ``'l2'``: the same with a tied linear map :math:`\phi(u) = W u`
       (L2 self-attention, :math:`W_Q = W_K`),
     * ``'dot'``: :math:`s_{ij} = (W_q x_i)_h^\top (W_k y_j)_h / (\sqrt{D}\, t)`.
