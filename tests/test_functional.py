@@ -87,6 +87,24 @@ def test_peak_memory_grows_linearly_in_length(grad, causal):
     assert largest_allocation(2048, True) / largest_allocation(512, True) >= 15
 
 
+def test_inference_at_a_narrower_metric_width_stays_linear_in_memory():
+    """Metric width 7 beside values of width 8 (MetricMultiheadAttention's
+    default layout), no gradient: the augmented form (8 wide) runs, not the
+    key bias, whose unequal widths would take SDPA's quadratic kernel."""
+    g = torch.Generator().manual_seed(6)
+
+    def largest_allocation(length):
+        q, k = (torch.randn(1, 1, length, 7, generator=g) for _ in range(2))
+        v = torch.randn(1, 1, length, 8, generator=g)
+        with profile(activities=[ProfilerActivity.CPU],
+                     profile_memory=True) as prof:
+            out, _ = dense_metric_attention(q, k, v, 'metric', 0.5)
+        assert rel(out, reference(q, k, v, 'metric', 0.5)[0]) < 1e-5
+        return max(event.self_cpu_memory_usage for event in prof.events())
+
+    assert largest_allocation(2048) / largest_allocation(512) <= 4.5
+
+
 def test_float_mask_and_need_weights_agree_with_reference():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, 10, 4, generator=g), torch.randn(2, 12, 4, generator=g)

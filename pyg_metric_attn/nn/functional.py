@@ -16,9 +16,11 @@ Which form, measured on CPU (torch 2.13; ``BENCHMARKS.md``): the flash kernel
 takes a mask, but a mask that requires grad drops SDPA to its quadratic math
 kernel, its backward is 2-3x slower with any mask, and ``is_causal`` cannot be
 combined with a mask. So the key bias serves inference (no gradient, not
-causal), where it runs at SDPA-dot speed; training and causal calls take the
-augmented form, whose flash backward also gives the keys their gradient. Off
-CPU the augmented form always runs (GPU flash kernels take no mask). Its
+causal, metric width equal to the value width), where it runs at SDPA-dot
+speed; training and causal calls, and metric widths other than the value
+width, take the augmented form, whose flash backward also gives the keys
+their gradient. Off CPU the augmented form always runs (GPU flash kernels
+take no mask). Its
 width is the metric width plus one; query, key and value are zero-padded to
 one width (a multiple of 8 off CPU), so a metric width one less than the
 value width pads nothing and runs the kernel of the value width: on an H100
@@ -154,8 +156,12 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
                           time_scale: float | Tensor, is_causal: bool) -> bool:
     """Whether the augmented form is the faster fused one (see module
-    docstring): off CPU, causal, or whenever a gradient is needed."""
-    if key.device.type != 'cpu' or is_causal:
+    docstring): off CPU, causal, whenever a gradient is needed, or where
+    the metric width differs from the value width (the CPU flash kernel
+    needs one width for query, key and value; the key bias would get the
+    quadratic math kernel)."""
+    if (key.device.type != 'cpu' or is_causal
+            or query.size(-1) != value.size(-1)):
         return True
     return torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad
