@@ -106,12 +106,13 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
     Only finite keys count (a NaN or infinite key does not move the centre),
     and with ``mask`` (boolean, broadcastable to ``key`` with size 1 in the
     last dimension) only the keys where it is :obj:`True`; with no key left
-    the centre is zero. The centre is rounded to a multiple of the unit in
-    the last place of the largest counted coordinate, so that the shift
-    itself rounds (almost) nothing: a centre near the origin becomes zero
-    (in bfloat16 a rounded shift would cost more than it gains), one far
-    from it is subtracted exactly. Torch ops on the device, no
-    synchronisation."""
+    the centre is zero. In 16-bit dtypes the centre is rounded to a multiple
+    of the unit in the last place of the largest counted coordinate, so that
+    the shift itself rounds (almost) nothing: a centre near the origin
+    becomes zero (in bfloat16 a rounded shift would cost more than it
+    gains), one far from it is subtracted exactly (float32 and float64 lose
+    too little to the shift to pay for that pass). Torch ops on the device,
+    no synchronisation."""
     key_data = key.detach()
     # A key counts where its coordinate sum is finite (cheaper than checking
     # each coordinate; a finite key whose sum overflows just does not count).
@@ -120,12 +121,17 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
         counted = counted & mask
     count = counted.sum(dim, keepdim=True).clamp(min=1)
     counted_keys = torch.where(counted, key_data, 0)
-    # Divide before summing: no overflow even for keys near the dtype's max.
-    centre = counted_keys.div(count).sum(dim, keepdim=True)
     finfo = torch.finfo(key.dtype)
-    largest = counted_keys.abs().amax((dim, -1), keepdim=True)
-    grid = torch.exp2(largest.clamp(min=finfo.tiny).log2().floor()) * finfo.eps
-    centre = centre.div(grid).round().mul(grid)
+    grid = None
+    if finfo.bits <= 16:
+        largest = torch.linalg.vector_norm(counted_keys, ord=math.inf,
+                                           dim=(dim, -1), keepdim=True)
+        grid = (torch.exp2(largest.clamp(min=finfo.tiny).log2().floor())
+                * finfo.eps)
+    # Divide before summing: no overflow even for keys near the dtype's max.
+    centre = counted_keys.div_(count).sum(dim, keepdim=True)
+    if grid is not None:
+        centre = centre.div(grid).round().mul(grid)
     shifted_key = key - centre
     # Self-attention with a tied map: shift once (and keep `query is key`).
     return (shifted_key if query is key else query - centre), shifted_key
@@ -161,10 +167,9 @@ def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
 
 def _largest_norm(points: Tensor) -> Tensor:
     """The largest Euclidean norm of a point (rows along the last dimension)
-    as a float64 scalar, ignoring NaN rows; infinite entries and overflowing
-    norms count as infinite. 0 without any point."""
-    norms = torch.linalg.vector_norm(points.detach(), dim=-1,
-                                     dtype=torch.float64)
+    as a float64 scalar, ignoring NaN rows; infinite entries and norms that
+    overflow the points' dtype count as infinite. 0 without any point."""
+    norms = torch.linalg.vector_norm(points.detach(), dim=-1)
     if not norms.numel():
-        return norms.new_zeros(())
-    return norms.nan_to_num(nan=0.0, posinf=math.inf).max()
+        return norms.new_zeros((), dtype=torch.float64)
+    return norms.nan_to_num(nan=0.0, posinf=math.inf).max().double()
