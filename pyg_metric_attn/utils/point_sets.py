@@ -17,6 +17,18 @@ def check_batch(batch: Tensor, num_nodes: int) -> None:
         raise ValueError("'batch' must be sorted (points of a set contiguous)")
 
 
+def point_set_mask(mask: Tensor, normalization: str = 'row') -> Tensor:
+    """The SDPA mask (:obj:`True` = may attend) of padded point sets, from
+    :func:`~torch_geometric.utils.to_dense_batch`'s ``[B, L]`` mask: padded
+    keys are blocked, ``[B, 1, 1, L]``; for normalisations other than
+    ``'row'`` padded queries as well (they would take weight in a column or
+    global normalisation), ``[B, 1, L, L]``."""
+    allowed = mask.view(mask.size(0), 1, 1, mask.size(1))
+    if normalization != 'row':
+        allowed = allowed & mask.view(mask.size(0), 1, mask.size(1), 1)
+    return allowed
+
+
 def fully_connected_edge_index(num_nodes: int, batch: Tensor | None = None,
                                device: torch.device | None = None) -> Tensor:
     r"""All ordered pairs :math:`(j, i)` with :math:`j, i` in the same set.
