@@ -3,7 +3,8 @@ written: the cheap ones run (at one epoch), the long ones must at least be
 accepted by the command line's parser (``make``: a dry run), and every
 ``-o KEY=VALUE`` it shows is an option of some task. A command added to or
 changed in the README is checked the same way, so the README cannot drift
-from the code."""
+from the code. The commands of the API reference's pages (``docs/``) are
+parsed too."""
 from __future__ import annotations
 
 import re
@@ -46,6 +47,34 @@ def readme_commands() -> list[str]:
                                                      'make '))))
 
 
+def docs_commands() -> list[str]:
+    """The commands of the code blocks of ``docs/**/*.rst`` (continuation
+    lines joined, comments dropped)."""
+    commands = []
+    for page in sorted((ROOT / 'docs').rglob('*.rst')):
+        text = page.read_text().replace('\\\n', ' ')
+        commands += [' '.join(line.split(' #')[0].split())
+                     for line in text.splitlines()
+                     if line.startswith('    ') and line.strip().startswith(
+                         ('pyg-metric-attn ', 'make '))]
+    return list(dict.fromkeys(commands))
+
+
+def check_parses(command: str, values: dict[str, str], capsys) -> None:
+    """``make``: a dry run succeeds; ``pyg-metric-attn``: the parser accepts
+    the arguments."""
+    args = argv(command, values)
+    if command.startswith('make '):
+        result = subprocess.run(['make', '-n', '-C', str(ROOT), *args],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (command, result.stderr)
+        return
+    try:
+        build_parser().parse_args(args)
+    except SystemExit as error:
+        pytest.fail(f'{command!r}: {capsys.readouterr().err} ({error})')
+
+
 def argv(command: str, values: dict[str, str]) -> list[str]:
     """The arguments of a README command: ``[optional]`` parts included, the
     placeholders in capitals replaced by ``values``, the first of ``a|b``,
@@ -78,19 +107,18 @@ def test_the_readme_shows_the_commands_that_run_here():
 @pytest.mark.usefixtures('one_thread')
 def test_every_readme_command_runs_or_parses(values, capsys):
     for command in readme_commands():
-        args = argv(command, values)
-        if command.startswith('make '):
-            result = subprocess.run(['make', '-n', '-C', str(ROOT), *args],
-                                    capture_output=True, text=True, timeout=60)
-            assert result.returncode == 0, (command, result.stderr)
-        elif command in RUN:
-            assert main(args + RUN[command]) == 0, (command,
-                                                    capsys.readouterr())
+        if command in RUN:
+            assert main(argv(command, values) + RUN[command]) == 0, (
+                command, capsys.readouterr())
         else:
-            try:
-                build_parser().parse_args(args)
-            except SystemExit as error:
-                pytest.fail(f'{command!r}: {capsys.readouterr().err} ({error})')
+            check_parses(command, values, capsys)
+
+
+def test_every_docs_command_parses(values, capsys):
+    commands = docs_commands()
+    assert len(commands) >= 8, commands
+    for command in commands:
+        check_parses(command, values, capsys)
 
 
 def test_every_readme_task_option_exists():
