@@ -39,8 +39,9 @@ $(SAMPLING_STAMP): $(call stamp,$(TEST_EXTRAS))
 ## (a 2-block MetricMeshFormer and the paper's IPN) against the IPN with GATConv
 ## on 44 procedural humanoids (32 train, 12 test), 10 epochs of batches of 4,
 ## about 2 min on 2 CPU cores after the install; prints the accuracy table and
-## saves renderings. The humanoids are generated once into
-## $PYG_METRIC_ATTN_DATA/synthetic_humans (default ~/.cache/pyg-metric-attn). With ROOT=path/to/human_seg (MeshCNN layout, e.g.
+## saves renderings; the humanoids are generated once into
+## $PYG_METRIC_ATTN_DATA/synthetic_humans (default ~/.cache/pyg-metric-attn).
+## With ROOT=path/to/human_seg (MeshCNN layout, e.g.
 ## ../shared/datasets/human_seg): the real benchmark of RESULTS.md, all models,
 ## 3 seeds, 20 epochs (about 50 min in one process on 2 CPU cores).
 ROOT ?=
