@@ -32,32 +32,33 @@ RUN = {
 }
 
 
-def readme_commands() -> list[str]:
-    """The commands of the README's code blocks (continuation lines joined,
-    comments dropped) and inline code spans, each once, in order."""
-    commands = []
-    for block in re.findall(r'^```[^\n]*\n(.*?)^```', README, re.M | re.S):
-        for line in block.replace('\\\n', ' ').splitlines():
-            commands.append(line.split(' #')[0])
-    prose = re.sub(r'^```.*?^```', '', README, flags=re.M | re.S)
-    commands += re.findall(r'(?<!`)`([^`]+)`(?!`)', prose)
-    commands = [' '.join(command.split()) for command in commands]
-    return list(dict.fromkeys(command for command in commands
+def commands(lines: list[str]) -> list[str]:
+    """The ``pyg-metric-attn`` and ``make`` commands among ``lines`` (comments
+    dropped, spaces normalised), each once, in order."""
+    found = [' '.join(line.split(' #')[0].split()) for line in lines]
+    return list(dict.fromkeys(command for command in found
                               if command.startswith(('pyg-metric-attn ',
                                                      'make '))))
 
 
+def readme_commands() -> list[str]:
+    """The commands of the README's code blocks (continuation lines joined)
+    and inline code spans."""
+    lines = []
+    for block in re.findall(r'^```[^\n]*\n(.*?)^```', README, re.M | re.S):
+        lines += block.replace('\\\n', ' ').splitlines()
+    prose = re.sub(r'^```.*?^```', '', README, flags=re.M | re.S)
+    return commands(lines + re.findall(r'(?<!`)`([^`]+)`(?!`)', prose))
+
+
 def docs_commands() -> list[str]:
-    """The commands of the code blocks of ``docs/**/*.rst`` (continuation
-    lines joined, comments dropped)."""
-    commands = []
+    """The commands of the indented (code) blocks of ``docs/**/*.rst``
+    (continuation lines joined)."""
+    lines = []
     for page in sorted((ROOT / 'docs').rglob('*.rst')):
         text = page.read_text().replace('\\\n', ' ')
-        commands += [' '.join(line.split(' #')[0].split())
-                     for line in text.splitlines()
-                     if line.startswith('    ') and line.strip().startswith(
-                         ('pyg-metric-attn ', 'make '))]
-    return list(dict.fromkeys(commands))
+        lines += [line for line in text.splitlines() if line.startswith('    ')]
+    return commands(lines)
 
 
 def check_parses(command: str, values: dict[str, str], capsys) -> None:
