@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pyg_metric_attn.utils.optional import needs_extra
+
 if TYPE_CHECKING:
     from pyg_metric_attn.experiments.task import Task
 
@@ -326,7 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        with needs_extra('experiments'):  # the tasks' packages, for their flags
+            parser = build_parser()
+    except ModuleNotFoundError as error:
+        if '--debug' in (sys.argv[1:] if argv is None else argv):
+            raise
+        print(f'error: {error}', file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     root = getattr(args, 'root', None)
     if root is not None and not Path(root).is_dir():

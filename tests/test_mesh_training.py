@@ -468,3 +468,29 @@ def test_segmentation_meter_keeps_a_loss_of_zero():
     without = SegmentationMeter(2)
     without.update(torch.zeros(3, 2), batch)
     assert 'loss' not in without.compute()
+
+
+def test_synthetic_data_go_to_the_data_folder_and_are_named(tmp_path, monkeypatch,
+                                                          capsys):
+    """Without --root the humanoids go to $PYG_METRIC_ATTN_DATA (default
+    ~/.cache/pyg-metric-attn) or --processed-dir, never to the working
+    directory, and the task says where."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('PYG_METRIC_ATTN_DATA', str(tmp_path / 'data'))
+    HumanSegTask(progress=False, synthetic_train=1, synthetic_test=1,
+                 num_workers=1, k=32).datasets()
+    folder = tmp_path / 'data' / 'synthetic_humans'
+    assert list(folder.rglob('train_1_seed0.pt')), list(tmp_path.rglob('*'))
+    assert not (tmp_path / 'datasets').exists()
+    assert f'synthetic humanoids in {folder}' in capsys.readouterr().out
+
+    assert HumanSegTask(processed_dir='elsewhere').synthetic_root == Path(
+        'elsewhere')
+    monkeypatch.delenv('PYG_METRIC_ATTN_DATA')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    assert HumanSegTask().synthetic_root == (tmp_path / 'cache' / 'pyg-metric-attn'
+                                             / 'synthetic_humans')
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    assert HumanSegTask().synthetic_root == (tmp_path / 'home' / '.cache'
+                                             / 'pyg-metric-attn' / 'synthetic_humans')

@@ -76,6 +76,7 @@ from pyg_metric_attn.transforms import (
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
+from pyg_metric_attn.utils.data_home import data_home
 from pyg_metric_attn.utils.io import atomic_write_text
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
@@ -129,7 +130,10 @@ class HumanSegConfig(TaskConfig):
     # Data.
     root: str | None = None
     processed_dir: str | None = None
-    synthetic_root: str = 'datasets/synthetic_humans'
+    #: Folder of the synthetic humanoids (without ``root``); default:
+    #: ``processed_dir``, else :func:`~pyg_metric_attn.utils.data_home.data_home`
+    #: ``/synthetic_humans``.
+    synthetic_root: str | None = None
     synthetic_train: int = setting(120, ge=1)
     synthetic_test: int = setting(30, ge=1)
     #: Eigenpairs per mesh and heat kernel signatures per vertex.
@@ -178,7 +182,9 @@ class HumanSegTask(Task):
         parser.add_argument('--root', help='MeshCNN human_seg folder (train/, '
                             'test/, seg/, sseg/); default: synthetic humanoids')
         parser.add_argument('--processed-dir', help='where processed files go '
-                            '(default: ROOT/processed)')
+                            '(default: ROOT/processed; without --root, the '
+                            'synthetic humanoids: $PYG_METRIC_ATTN_DATA/'
+                            'synthetic_humans, default ~/.cache/pyg-metric-attn)')
         if command in ('experiment', 'train'):
             parser.add_argument('--features', choices=('hks', 'xyz'),
                                 help='inputs per vertex (default: hks)')
@@ -201,9 +207,10 @@ class HumanSegTask(Task):
                                          processed_dir=c.processed_dir,
                                          **common)
             else:
-                train = SyntheticHumans(c.synthetic_root, 'train',
+                print(f'synthetic humanoids in {self.synthetic_root}')
+                train = SyntheticHumans(str(self.synthetic_root), 'train',
                                         c.synthetic_train, **common)
-                test = SyntheticHumans(c.synthetic_root, 'test',
+                test = SyntheticHumans(str(self.synthetic_root), 'test',
                                        c.synthetic_test, **common)
             if c.val_source:
                 train, test = _split_by_source(train, c.val_source)
@@ -217,6 +224,15 @@ class HumanSegTask(Task):
 
     def prepare_data(self) -> None:
         self.datasets()
+
+    @property
+    def synthetic_root(self) -> Path:
+        """Folder of the synthetic humanoids: ``synthetic_root``, else
+        ``processed_dir``, else ``DATA_HOME/synthetic_humans`` (``DATA_HOME``:
+        ``$PYG_METRIC_ATTN_DATA``, default ``~/.cache/pyg-metric-attn``)."""
+        c = self.config
+        return Path(c.synthetic_root or c.processed_dir
+                    or data_home() / 'synthetic_humans')
 
     @property
     def spectral_basis(self) -> int:

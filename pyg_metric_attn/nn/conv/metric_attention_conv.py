@@ -96,8 +96,8 @@ class MetricAttentionConv(MessagePassing):
         metric_channels (int, optional): Size :math:`D` of :math:`\phi` (or of
             queries and keys) per head. (default: :obj:`out_channels`)
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
-            :math:`\phi` for ``'metric'``. (default: :obj:`heads *
-            metric_channels`)
+            :math:`\phi` for ``'metric'``. (default: ``heads *
+            metric_channels``)
         time_scale (float or str, optional): The time scale :math:`t` of the
             heat kernel :math:`\exp(-d/t)`, or ``'matched'``: :math:`t =
             2\sqrt{D}` (:math:`1` for ``'dot'``), the logit scale of

@@ -1,6 +1,6 @@
 r"""An encoder-decoder Transformer (Vaswani et al. 2017) whose encoder
 self-, decoder self- (causal) and cross-attention are
-:class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention` (``'metric'``,
+:class:`~pyg_metric_attn.nn.MetricMultiheadAttention` (``'metric'``,
 ``'l2'`` or ``'dot'``), as in the paper's Multi30k experiment."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class MetricTransformerEncoderLayer(_Sublayers):
         attention (str): ``'metric'``, ``'l2'`` or ``'dot'``.
         norm_first (bool): Pre-norm instead of post-norm.
         **attention_kwargs: Further arguments of
-            :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`
+            :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
             (``time_scale``, ``learn_time_scale``, ``mlp_channels``).
     """
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
