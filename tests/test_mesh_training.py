@@ -162,6 +162,40 @@ def test_short_training_run_loss_falls(synthetic_root, attention, diffusion,
     assert len(final['confusion']) == 8 and len(final['class_acc']) == 8
 
 
+#: A small DiffusionNet on the tiny meshes.
+SMALL_DIFFUSIONNET = dict(diffusionnet_hidden_channels=16,
+                          diffusionnet_num_layers=2, diffusionnet_dropout=0.0)
+
+
+def test_diffusionnet_trains_with_its_step_schedule(synthetic_root):
+    task = HumanSegTask(epochs=6, progress=False,
+                        synthetic_root=str(synthetic_root), lr=1e-2,
+                        step_lr_epochs=2, **SMALL_DIFFUSIONNET, **SMALL)
+    model, trainer = task.fit('diffusionnet', seed=0)
+    losses = [row['train_loss'] for row in trainer.history]
+    assert losses[-1] < 0.8 * losses[0]
+    # Halved after epochs 2, 4 and 6.
+    assert trainer.optimizer.param_groups[0]['lr'] == pytest.approx(1e-2 / 8)
+    assert len(model.blocks) == 2 and model.blocks[0].mlp[0].out_channels == 16
+    with pytest.raises(ValueError, match="'diffusionnet' reads the meshes' "
+                       "eigenpairs"):
+        HumanSegTask(former_diffusion=False, **SMALL).build_model('diffusionnet')
+
+
+def test_diffusionnet_is_selectable_from_the_command_line(synthetic_root,
+                                                          tmp_path):
+    out = tmp_path / 'experiment'
+    options = [arg for key, value in SMALL_DIFFUSIONNET.items()
+               for arg in ('-o', f'{key}={value}')]
+    assert main(['experiment', 'human_seg', '--attention', 'diffusionnet',
+                 '--seeds', '1', '--epochs', '1', '--out', str(out),
+                 '--no-progress', *cli_options(synthetic_root), *options]) == 0
+    record = json.loads((out / 'runs' / 'diffusionnet-seed0.json').read_text())
+    assert record['status'] == 'ok'
+    assert record['task_config']['diffusionnet_hidden_channels'] == 16
+    assert 0 <= record['final']['test_face_acc'] <= 1
+
+
 def test_ipn_value_and_residual_options_reach_metric_layers(synthetic_root):
     task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                         value=True, residual=True, **SMALL)

@@ -15,7 +15,12 @@ the epochs unless ``former_cosine=False``; every block starts with a
 learned-time heat diffusion over the mesh, for which the meshes carry their
 ``k`` eigenpairs, unless ``former_diffusion=False``; and DiffusionNet's
 spatial gradient features of the diffused channels, from tangent gradient
-operators the meshes carry, unless ``former_gradients=False``).
+operators the meshes carry, unless ``former_gradients=False``), or
+``'diffusionnet'``, the baseline :class:`~pyg_metric_attn.nn.models.DiffusionNet`
+(configured by ``diffusionnet`` as ``diffusionnet_FIELD``; its recipe's
+learning rate halves every ``step_lr_epochs`` epochs; it reads the
+eigenpairs and gradient operators the former's diffusion and gradients
+have the meshes carry).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
@@ -59,7 +64,13 @@ from pyg_metric_attn.experiments.attention import (
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.geometry import MeshError
-from pyg_metric_attn.nn.models import IPN, MetricMeshFormer, MetricMeshFormerConfig
+from pyg_metric_attn.nn.models import (
+    IPN,
+    DiffusionNet,
+    DiffusionNetConfig,
+    MetricMeshFormer,
+    MetricMeshFormerConfig,
+)
 from pyg_metric_attn.training import (
     DistributedContext,
     Trainer,
@@ -80,7 +91,8 @@ from pyg_metric_attn.utils.io import atomic_write_text
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 STRONG_MODEL = 'metricformer'
-MODELS = (*ATTENTIONS, STRONG_MODEL)
+BASELINE_MODEL = 'diffusionnet'
+MODELS = (*ATTENTIONS, STRONG_MODEL, BASELINE_MODEL)
 
 
 def default_former() -> MetricMeshFormerConfig:
@@ -126,6 +138,11 @@ class HumanSegConfig(TaskConfig):
     #: learning-rate schedule.
     former: MetricMeshFormerConfig = setting(default_factory=default_former)
     former_cosine: bool = True
+    #: DiffusionNet ('diffusionnet'): its architecture (default: the paper's
+    #: 4 blocks x 128, dropout 0.5), and its learning rate halved every
+    #: step_lr_epochs epochs.
+    diffusionnet: DiffusionNetConfig = setting(default_factory=DiffusionNetConfig)
+    step_lr_epochs: int = setting(50, ge=1)
     # Data.
     root: str | None = None
     processed_dir: str | None = None
@@ -254,6 +271,14 @@ class HumanSegTask(Task):
         if attention == STRONG_MODEL:
             return MetricMeshFormer(in_channels, len(BODY_PARTS),
                                     replace(c.former, gradients=self.gradients))
+        if attention == BASELINE_MODEL:
+            if not self.spectral_basis or (c.diffusionnet.gradient_features
+                                           and not self.gradients):
+                raise ValueError("'diffusionnet' reads the meshes' eigenpairs "
+                                 "and gradient operators, which they carry "
+                                 "with former_diffusion=True and "
+                                 "former_gradients=True")
+            return DiffusionNet(in_channels, len(BODY_PARTS), c.diffusionnet)
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
@@ -274,6 +299,11 @@ class HumanSegTask(Task):
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
         """Per-vertex logits of a batch of meshes."""
         x = self.inputs(batch, augment)
+        if isinstance(unwrap(model), DiffusionNet):
+            gradients = ((batch.grad_index, batch.grad_weight)
+                         if self.gradients else (None, None))
+            return model(x, batch.evecs, batch.evals, batch.mass, *gradients,
+                         batch=batch.batch)
         if isinstance(unwrap(model), MetricMeshFormer):
             keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
             keys += ('grad_index', 'grad_weight') if self.gradients else ()
@@ -354,6 +384,9 @@ class HumanSegTask(Task):
         if attention == STRONG_MODEL and c.former_cosine:
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
                                                                    self.epochs)
+        elif attention == BASELINE_MODEL:
+            scheduler = torch.optim.lr_scheduler.StepLR(
+                optimizer, c.step_lr_epochs, gamma=0.5)
 
         def batches(epoch: int):
             if context.is_distributed:
