@@ -208,20 +208,7 @@ class HumanSegTask(Task):
         """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
         if self._data is None:
             c = self.config
-            common = dict(pre_transform=self.preprocessing,
-                          num_workers=c.num_workers, log=self.progress)
-            if c.root:
-                train = HumanSegmentation(c.root, 'train',
-                                          processed_dir=c.processed_dir,
-                                          **common)
-                test = HumanSegmentation(c.root, 'test',
-                                         processed_dir=c.processed_dir,
-                                         **common)
-            else:
-                train = SyntheticHumans(c.synthetic_root, 'train',
-                                        c.synthetic_train, **common)
-                test = SyntheticHumans(c.synthetic_root, 'test',
-                                       c.synthetic_test, **common)
+            train, test = self.split_meshes('train'), self.split_meshes('test')
             if c.val_source:
                 train, test = _split_by_source(train, c.val_source)
             elif self.eval_split == 'val':
@@ -231,6 +218,18 @@ class HumanSegTask(Task):
                 train, test = train[order[num_val:]], train[order[:num_val]]
             self._data = train, test
         return self._data
+
+    def split_meshes(self, split: str) -> Any:
+        """The processed meshes of the data's ``'train'`` or ``'test'``
+        split (all of them: no validation meshes held out)."""
+        c = self.config
+        common = dict(pre_transform=self.preprocessing,
+                      num_workers=c.num_workers, log=self.progress)
+        if c.root:
+            return HumanSegmentation(c.root, split,
+                                     processed_dir=c.processed_dir, **common)
+        count = c.synthetic_train if split == 'train' else c.synthetic_test
+        return SyntheticHumans(c.synthetic_root, split, count, **common)
 
     def prepare_data(self) -> None:
         self.datasets()
