@@ -220,6 +220,45 @@ def test_xyz_inputs_are_rotated_for_training(synthetic_root):
     torch.testing.assert_close(rotated.norm(dim=1), batch.pos.norm(dim=1))
 
 
+def test_xyz_inputs_rotate_about_the_up_axis_and_scale(synthetic_root):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        features='xyz', xyz_rotation='up', xyz_scaling=1.5,
+                        **SMALL)
+    batch = Batch.from_data_list(list(task.datasets()[0][:2]))
+    torch.manual_seed(0)
+    moved = task.inputs(batch, augment=True)
+    for mesh in range(2):
+        rows = batch.batch == mesh
+        # One scale per mesh in [1/1.5, 1.5] and a turn about y: the
+        # ratios of y and of the horizontal radius are that scale.
+        scale = moved[rows, 1] / batch.pos[rows, 1]
+        torch.testing.assert_close(scale, scale[:1].expand_as(scale))
+        assert 1 / 1.5 <= scale[0] <= 1.5 and not torch.isclose(
+            scale[0], torch.tensor(1.0))
+        torch.testing.assert_close(moved[rows][:, [0, 2]].norm(dim=1),
+                                   scale[0] * batch.pos[rows][:, [0, 2]].norm(dim=1))
+    with pytest.raises(ValueError, match="need features='xyz'"):
+        HumanSegTask(xyz_rotation='up')
+
+
+def test_training_meshes_are_drawn_from_their_perturbed_copies(synthetic_root):
+    task = HumanSegTask(epochs=1, progress=False,
+                        synthetic_root=str(synthetic_root), augment_copies=1,
+                        augment_perturbations='decimation,jitter', **SMALL)
+    train = task.datasets()[0]
+    augmented = task.augmented(train)
+    assert len(augmented) == len(train) and len(augmented.sources) == 3
+    torch.manual_seed(0)
+    face_counts = {augmented[0].face.size(1) for _ in range(30)}
+    assert train[0].face.size(1) in face_counts and len(face_counts) == 2
+    assert 'source_face' not in augmented[0]  # only what all meshes hold
+    assert (Path(train.processed_root) / 'augmentation').is_dir()
+    _, trainer = task.fit('metric', seed=0)
+    assert np.isfinite(trainer.history[-1]['train_loss'])
+    with pytest.raises(ValueError, match="'augment_perturbations' must name"):
+        HumanSegTask(augment_perturbations='twist')
+
+
 def test_hks_time_jitter_rescales_training_inputs_only(synthetic_root):
     task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                         hks_time_jitter=2.0, **SMALL)

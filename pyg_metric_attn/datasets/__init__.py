@@ -25,7 +25,7 @@ _MODULES = {
     'MeshFolder': 'mesh_folder',
     'MNIST': 'mnist',
     'MNISTPointClouds': 'mnist_point_clouds',
-    'PerturbedMeshes': 'perturbed_meshes',
+    'PerturbedMeshes': 'perturbed_meshes', 'RandomCopies': 'perturbed_meshes',
     'Multi30k': 'multi30k',
     'stochastic_block_graph': 'stochastic_block',
     'SPECIAL_TOKENS': 'subword', 'SubwordTokenizer': 'subword',

@@ -1,6 +1,7 @@
 r"""Perturbed copies of labelled meshes (remeshed, deformed, rotated,
 renumbered), with labels carried over and the correspondence stored: the
-robustness set of the segmentation models."""
+robustness set of the segmentation models, and training sets that draw
+among a mesh and its copies."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch_geometric.data import Data
 
 from pyg_metric_attn.datasets.mesh_dataset import MeshDataset
@@ -84,3 +86,34 @@ class PerturbedMeshes(MeshDataset):
                 self.perturbation, rng)
             yield dict(pos=pos, face=face, name=data.name,
                        face_labels=data.y.numpy()[source], source_face=source)
+
+
+class RandomCopies(torch.utils.data.Dataset):
+    r"""Mesh :math:`i` is ``meshes[i]`` or the :math:`i`-th mesh of one of
+    ``copies`` (e.g. :class:`PerturbedMeshes` of ``meshes``), drawn uniformly
+    at random with torch's global generator on every access: a training set
+    whose meshes are made differently from epoch to epoch. Items keep the
+    attributes that the meshes and all copies have (a batch needs the same
+    everywhere).
+
+    Args:
+        meshes (sequence of Data): The meshes.
+        copies (sequence of sequences of Data): Copies of them, each in the
+            order of ``meshes``.
+    """
+    def __init__(self, meshes: Sequence[Data], copies: Sequence[Sequence[Data]]):
+        for copy in copies:
+            if len(copy) != len(meshes):
+                raise ValueError(f"Every copy must hold one mesh per mesh "
+                                 f"({len(meshes)}), got {len(copy)}")
+        self.sources = (meshes, *copies)
+        self.keys = sorted(set.intersection(*(set(source[0].keys())
+                                              for source in self.sources)))
+
+    def __len__(self) -> int:
+        return len(self.sources[0])
+
+    def __getitem__(self, index: int) -> Data:
+        choice = int(torch.randint(len(self.sources), ()))
+        data = self.sources[choice][index]
+        return Data.from_dict({key: data[key] for key in self.keys})

@@ -99,7 +99,7 @@ def summary_table(results: dict[str, Any]) -> str:
              f"drop: points below the original; agreement: faces predicted "
              f"as the original face they stem from.", '']
     for run in results['runs']:
-        lines += [f"{run['run']}: {run['description']}", '',
+        lines += [run['description'], '',
                   '| mesh set | faces | face acc % | drop (points) | '
                   'agreement % |', '|---|---|---|---|---|']
         lines += [f"| {row['perturbation']} | {row['faces']} | "
@@ -123,23 +123,23 @@ def write(results: dict[str, Any], out: Path) -> None:
 
     write_results(out, results, summary_table(results))
     runs = results['runs']
-    names = [row['perturbation'] for row in runs[0]['rows']]
+    names = [row['perturbation'] for row in runs[0]['rows'][1:]]
     figure = file_figure(figsize=(12, 4.2))
     width = 0.8 / len(runs)
-    for panel, (key, label) in enumerate((('face_acc', 'face accuracy (%)'),
-                                          ('agreement', 'agreement with the '
-                                           'original (%)'))):
+    for panel, (key, scale, label) in enumerate((
+            ('drop', 1, 'face accuracy drop (points)'),
+            ('agreement', 100, 'agreement with the original (%)'))):
         ax = figure.add_subplot(1, 2, panel + 1)
         for index, run in enumerate(runs):
-            values = [100 * row[key] for row in run['rows']]
             ax.bar([i + (index - (len(runs) - 1) / 2) * width
-                    for i in range(len(names))], values, width,
+                    for i in range(len(names))],
+                   [scale * row[key] for row in run['rows'][1:]], width,
                    label=Path(run['run']).name)
         ax.set_xticks(range(len(names)), names, rotation=30, ha='right')
         ax.set_ylabel(label)
-        low = min(100 * row[key] for run in runs for row in run['rows'])
-        ax.set_ylim(max(0.0, low - 5), 100)
         ax.grid(alpha=0.3, axis='y')
+    ax.set_ylim(min(100 * row['agreement'] for run in runs
+                    for row in run['rows']) - 2, 100.5)
     ax.legend(fontsize=8)
     figure.suptitle(f"human_seg test meshes, perturbed (seed "
                     f"{results['seed']})")
