@@ -12,7 +12,7 @@ from pyg_metric_attn.datasets import mesh_data
 from pyg_metric_attn.geometry import gradient_operators
 from pyg_metric_attn.nn import SpatialGradientFeatures
 from pyg_metric_attn.nn.models import MetricMeshFormer
-from pyg_metric_attn.nn.spatial_gradient import vertex_gradients
+from pyg_metric_attn.nn.spatial_gradient import TangentGradient, vertex_gradients
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 PREPROCESS = MeshPreprocessing(k=16, hks_count=4, spectral_basis=16,
@@ -75,6 +75,11 @@ def test_bad_inputs_are_named():
         vertex_gradients(h, index, torch.randn(2, 2))
     with pytest.raises(ValueError, match="'grad_weight' must have shape"):
         vertex_gradients(h, index, torch.randn(2, 3))
+    with pytest.raises(IndexError, match="negative index -1"):
+        vertex_gradients(h, torch.tensor([[0, 1], [1, -1]]), torch.randn(2, 2))
+    with pytest.raises(ValueError, match="'h' must have shape \\[4, C\\]"):
+        TangentGradient.from_batch(index.clamp(max=3), torch.randn(2, 2),
+                                   4).apply(torch.randn(5, 3))
     with pytest.raises(ValueError, match="'gradients' must have shape"):
         SpatialGradientFeatures(3)(torch.randn(4, 3, 2))
     with pytest.raises(ValueError, match="needs 'diffusion=True'"):
