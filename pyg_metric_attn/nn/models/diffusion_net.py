@@ -5,7 +5,7 @@ of the mesh tasks, written from the paper's description with this library's
 :class:`~pyg_metric_attn.nn.SpatialGradientFeatures`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.typing import OptTensor
 
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
+from pyg_metric_attn.nn.models.model_config import model_config
 from pyg_metric_attn.nn.spatial_gradient import (
     SpatialGradientFeatures,
     TangentGradient,
@@ -147,17 +148,7 @@ class DiffusionNet(torch.nn.Module):
     def __init__(self, in_channels: int, out_channels: int,
                  config: DiffusionNetConfig | None = None, **kwargs: Any):
         super().__init__()
-        if config is None:
-            config = DiffusionNetConfig()
-        elif not isinstance(config, DiffusionNetConfig):
-            raise TypeError(f"'config' must be a DiffusionNetConfig, got "
-                            f"{type(config).__name__} {config!r}")
-        unknown = set(kwargs) - {f.name for f in fields(DiffusionNetConfig)}
-        if unknown:
-            raise TypeError(f"DiffusionNet got unknown arguments "
-                            f"{sorted(unknown)}; the architecture's are the "
-                            f"fields of DiffusionNetConfig")
-        config = replace(config, **kwargs)
+        config = model_config(DiffusionNetConfig, config, kwargs, 'DiffusionNet')
         self.config = config
         self.in_channels, self.out_channels = in_channels, out_channels
         self.lin_in = Linear(in_channels, config.hidden_channels)
