@@ -104,3 +104,14 @@ def test_former_with_gradient_features_uses_them():
                   data_list[1].evecs, data_list[1].evals, data_list[1].mass,
                   data_list[1].grad_index, data_list[1].grad_weight)
     assert torch.allclose(alone, out[batch.batch == 1], atol=1e-5)
+
+
+def test_gradients_apply_under_autocast():
+    """The sparse product runs in float32 also where autocast would cast it
+    to bfloat16 (which the CSR kernels do not take)."""
+    gradient = TangentGradient.from_batch(torch.tensor([[0, 1, 2], [1, 2, 0]]),
+                                          torch.randn(3, 2), 3)
+    h = torch.randn(3, 4)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = gradient.apply(h)
+    torch.testing.assert_close(out, gradient.apply(h))

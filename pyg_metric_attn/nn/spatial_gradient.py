@@ -66,7 +66,10 @@ class TangentGradient(NamedTuple):
         if h.dim() != 2 or h.size(0) != num_nodes:
             raise ValueError(f"'h' must have shape [{num_nodes}, C], got "
                              f"{list(h.shape)}")
-        out = self.operator @ h.float()  # [2N, C]
+        # float32 throughout, also under autocast (sparse kernels take no
+        # mixed dtypes).
+        with torch.autocast(h.device.type, enabled=False):
+            out = self.operator @ h.float()  # [2N, C]
         return out.view(2, num_nodes, -1).transpose(0, 1).to(h.dtype)
 
 
