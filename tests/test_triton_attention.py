@@ -462,10 +462,12 @@ def test_layer_triton_backend_equals_fused(metric, aggr):
     edge_index = torch.stack([torch.randint(0, 9, (30,), generator=g),
                               torch.randint(0, 7, (30,), generator=g)])
     edge_attr = torch.randn(30, 2, generator=g)
+    x_src, x_dst, edge_index, edge_attr = (
+        t.to(DEVICE) for t in (x_src, x_dst, edge_index, edge_attr))
     torch.manual_seed(0)
     layers = {backend: MetricAttentionConv(
         (6, 5), 3, heads=2, metric=metric, edge_dim=2, learn_time_scale=True,
-        aggr=aggr, backend=backend) for backend in ('fused', 'triton')}
+        aggr=aggr, backend=backend).to(DEVICE) for backend in ('fused', 'triton')}
     layers['triton'].load_state_dict(layers['fused'].state_dict())
     results = {}
     for backend, layer in layers.items():
