@@ -664,6 +664,8 @@ class MetricAttentionConv(MessagePassing):
         out = self._mean_over_edges(out, ptr)
         if weights is None:
             return out, None
+        # In at least float32, as the other backends return them.
+        weights = weights.to(torch.promote_types(weights.dtype, torch.float32))
         alpha = torch.empty_like(weights)
         alpha[perm] = weights
         return out, alpha
