@@ -125,7 +125,9 @@ def _train(args: argparse.Namespace) -> int:
         out = Path(args.out or Path('runs') / 'train'
                    / f'{attention}-seed{args.seed}')
         config = {'task': args.task, 'attention': attention, 'seed': args.seed,
-                  'epochs': task.epochs, 'options': options}
+                  'epochs': task.epochs, 'options': options,
+                  'device': task.placement.device.type,  # a record only
+                  'precision': task.placement.precision}
 
         def write_config() -> None:
             if ctx.is_main:

@@ -22,13 +22,17 @@ TINY_MOON = ['-o', 'num_train=40', '-o', 'num_test=20', '-o', 'set_size=20',
              '-o', 'hidden=4', '-o', 'mlp_channels=4']
 
 
-def test_device_cpu_trains_and_evaluates_moon(tmp_path, capsys, device):
+def test_train_on_the_test_device_then_evaluate_on_the_cpu(tmp_path, capsys,
+                                                          device):
     run = tmp_path / 'run'
     assert main(['train', 'moon', '--device', str(device), '--epochs', '2',
                  '--out', str(run), '--no-progress', *TINY_MOON]) == 0
     assert [row['epoch'] for row in
             json.loads((run / 'metrics.json').read_text())] == [1, 2]
-    # bf16 autocast evaluates the same checkpoint (read onto the CPU first).
+    config = json.loads((run / 'config.json').read_text())
+    assert (config['device'], config['precision']) == (device.type, 'fp32')
+    # The checkpoint (of CUDA under --device cuda) evaluates on the CPU, in
+    # bf16 autocast.
     assert main(['evaluate', 'moon', str(run), '--device', 'cpu',
                  '--precision', 'bf16', *TINY_MOON]) == 0
     assert 'test_acc' in capsys.readouterr().out
