@@ -143,7 +143,8 @@ def test_logits_default_time_scale_batches_and_far_points():
     torch.testing.assert_close(attention_logits(q, k, 'l2'), expected)
     torch.testing.assert_close(attention_logits(q, k, 'dot', 2.0),
                                q @ k.transpose(1, 2) / (math.sqrt(3) * 2.0))
-    far_q, far_k = q + 1e3, k + 1e3
+    # More than 25 points, where cdist would otherwise take the mm form:
+    far_q, far_k = (torch.randn(2, 30, 3, generator=g) + 1e3 for _ in range(2))
     exact = -torch.cdist(far_q.double(), far_k.double()).square()
     assert (attention_logits(far_q, far_k, 'metric').double()
             - exact).abs().max() < 1e-3
@@ -178,6 +179,9 @@ def test_other_normalizations_against_float64(normalization, iterations):
         normalization=normalization, sinkhorn_iterations=iterations)
     assert rel(weights, expected) < 1e-5
     assert rel(out, expected @ v.double()) < 1e-5
+    assert dense_metric_attention(
+        q, k, v, 'metric', 0.5, attn_mask=mask,
+        normalization=normalization)[1] is None  # weights only when asked
 
 
 @pytest.mark.parametrize('need_weights', [False, True])
@@ -195,14 +199,17 @@ def test_causal_with_more_keys_than_queries(need_weights, masked):
         < 1e-5
 
 
-def test_a_blocked_nan_key_leaves_the_output_finite():
-    """A NaN key that an additive mask blocks (``-inf``) changes nothing: the
+@pytest.mark.parametrize('blocked_key', [float('nan'), 1e30])
+@pytest.mark.parametrize('boolean', [False, True])
+def test_a_blocked_key_changes_nothing(blocked_key, boolean):
+    """A NaN or a far (1e30) key that a mask blocks changes nothing: the
     output equals attention over the other keys."""
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, 2, 5, 3, generator=g) for _ in range(3))
-    k[0, 0, 3] = float('nan')
+    k[0, 0, 3] = blocked_key
     blocked = torch.zeros(5).index_fill(0, torch.tensor([3]), float('-inf'))
-    out, _ = dense_metric_attention(q, k, v, 'metric', attn_mask=blocked)
+    mask = blocked == 0 if boolean else blocked
+    out, _ = dense_metric_attention(q, k, v, 'metric', attn_mask=mask)
     kept = torch.tensor([0, 1, 2, 4])
     expected, _ = reference(q, k[..., kept, :], v[..., kept, :], 'metric')
     assert rel(out, expected) < 1e-5
@@ -233,6 +240,12 @@ def test_dropout_drops_and_is_unbiased(need_weights):
         for _ in range(2000)])
     assert not torch.allclose(draws[0], plain)
     assert (draws.mean(0) - plain).abs().max() < 0.05
+    # One key of value 1: each draw keeps it, scaled by 1/(1 - p), or not.
+    one = torch.ones(1, 1, 1)
+    kept = {round(float(dense_metric_attention(
+        q[:, :1], q[:, :1], one, 'metric', dropout_p=0.25,
+        need_weights=need_weights)[0]), 5) for _ in range(200)}
+    assert kept == {0.0, round(1 / 0.75, 5)}
 
 
 @pytest.mark.parametrize('value_width', [2, 9])
@@ -280,3 +293,10 @@ def test_merge_masks_combines_boolean_and_additive_masks():
                                                  float('-inf'))
     assert torch.equal(mixed.float(), expected)
     assert merge_masks([None, None], torch.float32) is None
+
+
+@pytest.mark.parametrize('need_weights', [False, True])
+def test_no_queries(need_weights):
+    k, v = torch.randn(2, 4, 3), torch.randn(2, 4, 2)
+    out, _ = dense_metric_attention(k[:, :0], k, v, need_weights=need_weights)
+    assert out.shape == (2, 0, 2)
