@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import json
 import math
+import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -336,22 +339,40 @@ def test_denormals_flush_on_all_worker_threads_and_restore(two_threads):
 
 def test_denormals_flush_torchs_threads_beside_other_openmp_runtimes():
     """scikit-learn loads a second libgomp; the flush must reach torch's
-    threads, not that runtime's (a fresh process: the runtime is cached)."""
+    threads, not that runtime's (a fresh process: the runtime is cached).
+    On Linux x86-64 with torch on OpenMP the child must find a runtime."""
+    pytest.importorskip('sklearn')
+    if sys.platform != 'linux' or platform.machine() != 'x86_64' or \
+            'parallel backend: OpenMP' not in torch.__config__.parallel_info():
+        pytest.skip('torch runs no OpenMP threads on Linux x86-64 here')
+    if os.environ.get(denormals.SWITCH) == '0':
+        pytest.skip(f'flushing switched off by {denormals.SWITCH}=0')
     code = textwrap.dedent("""
+        import json, os
         import sklearn.decomposition  # its own libgomp, loaded first
         import torch
         from pyg_metric_attn.utils import denormals
-        if denormals._runtime() is None:
-            print('skip')
-        else:
-            torch.set_num_threads(2)
-            x = torch.full((1 << 20,), 1e-20)
-            with denormals.denormals_flushed():
-                print(bool(torch.all(x * 1e-19 == 0)))
+        with open('/proc/self/maps') as maps:
+            libraries = {line.split()[-1] for line in maps if '/' in line}
+        torch.set_num_threads(2)
+        x = torch.full((1 << 20,), 1e-20)
+        found = denormals._runtime() is not None
+        with denormals.denormals_flushed():
+            flushed = bool(torch.all(x * 1e-19 == 0))
+        print(json.dumps(dict(
+            runtimes=sorted(path for path in libraries if os.path.basename(
+                path).startswith(('libgomp', 'libomp', 'libiomp5'))),
+            found=found, flushed=flushed,
+            restored=bool(torch.all(x * 1e-19 > 0)))))
     """)
     result = subprocess.run([sys.executable, '-c', code], capture_output=True,
                             text=True, timeout=120)
-    assert result.stdout.strip() in ('True', 'skip'), result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+    child = json.loads(result.stdout)
+    if len(child['runtimes']) < 2:
+        pytest.skip(f"scikit-learn shares torch's OpenMP runtime here: "
+                    f"{child['runtimes']}")
+    assert child == dict(child, found=True, flushed=True, restored=True)
 
 
 def test_denormals_flush_in_the_backward_of_a_marked_op(two_threads):
@@ -365,26 +386,38 @@ def test_denormals_flush_in_the_backward_of_a_marked_op(two_threads):
     assert torch.all(x.grad > 0)
 
 
-@pytest.mark.parametrize('grad', [False, True])
+@pytest.mark.parametrize('grad,tiny', [(False, None), (True, None),
+                                       (False, 'values'),
+                                       (True, 'output gradient')])
 def test_flushing_changes_sdpa_results_only_below_the_normal_range(
-        two_threads, monkeypatch, grad):
+        two_threads, monkeypatch, grad, tiny):
     """Unit-scale d = 64 inputs (whose weights reach the denormal range):
-    outputs and gradients with and without flushing agree to 1e-30."""
+    outputs and gradients with and without flushing agree to 1e-30. Values
+    at 1e-38 put the output in the denormal range, an output gradient at
+    1e-38 the input gradients: there flushing (in the forward, and in the
+    backward) must change them, by less than 1e-30."""
     g = torch.Generator().manual_seed(8)
-    q, k, v = (torch.randn(2, 2, 300, 64, generator=g, requires_grad=grad)
-               for _ in range(3))
+    q, k, v = (torch.randn(2, 2, 300, 64, generator=g) for _ in range(3))
+    v = v * (1e-38 if tiny == 'values' else 1.0)
+    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+    output_gradient = torch.randn(2, 2, 300, 64, generator=g) * (
+        1e-38 if tiny == 'output gradient' else 1.0)
 
     def run():
         out, _ = dense_metric_attention(q, k, v, 'metric')
         if not grad:
             return [out]
-        return [out, *torch.autograd.grad(out.square().sum(), (q, k, v))]
+        return [out, *torch.autograd.grad(out, (q, k, v), output_gradient)]
 
     flushed = run()
     monkeypatch.setattr(denormals, '_runtime', lambda: None)
     unflushed = run()
     for a, b in zip(flushed, unflushed, strict=True):
         assert (a - b).abs().max() < 1e-30
+    changed = [bool((a != b).any())
+               for a, b in zip(flushed, unflushed, strict=True)]
+    assert changed == {None: [False] * len(changed), 'values': [True],
+                       'output gradient': [False, True, True, True]}[tiny]
 
 
 def test_the_flush_can_be_switched_off(two_threads, monkeypatch):

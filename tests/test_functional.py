@@ -7,7 +7,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from pyg_metric_attn.nn.functional import attention_logits, dense_metric_attention
+from pyg_metric_attn.nn.functional import (
+    attention_logits,
+    dense_metric_attention,
+    merge_masks,
+)
 
 
 def reference(q, k, v, metric, t=1.0, mask=None, causal=False):
@@ -36,7 +40,8 @@ def rel(a, b):
 @pytest.mark.parametrize('grad', [False, True])
 def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
     """Both SDPA forms (key bias for inference, augmented for training or
-    causal calls) against float64, gradients included."""
+    causal calls) against float64, gradients included. Dot logits of points
+    at 1e3 (~1e6) are beyond float32 and must take the exact float64 path."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 3, 2, 33, 8
     q = (torch.randn(B, H, L, D, generator=g) + offset).to(device)
@@ -50,8 +55,6 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
         out, _ = dense_metric_attention(q, k, v, metric, 0.8, attn_mask=mask,
                                         is_causal=causal)
         expected, _ = reference(q, k, v, metric, 0.8, mask, causal)
-        if metric == 'dot' and offset:
-            continue  # dot logits of points at 1e3 saturate; not a metric test
         assert rel(out, expected) < 1e-5
         if not grad:
             continue
@@ -179,3 +182,171 @@ def test_bf16_within_1e_2_of_float64(width, offset):
         (reference(q, points, v, 'metric', t, mask)[0] * weight.double()).sum(),
         points)
     assert rel(grad, expected_grad) < 1e-2
+
+
+def test_logits_default_time_scale_batches_and_far_points():
+    """Default ``t = 1``, batched 3-d inputs, and distances of points at 1e3
+    to float32 accuracy (direct differences, not ``|q|^2 - 2 q.k + |k|^2``)."""
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 5, 3, generator=g), torch.randn(2, 6, 3, generator=g)
+    expected = -(q[:, :, None] - k[:, None]).square().sum(-1)
+    torch.testing.assert_close(attention_logits(q, k, 'l2'), expected)
+    torch.testing.assert_close(attention_logits(q, k, 'dot', 2.0),
+                               q @ k.transpose(1, 2) / (math.sqrt(3) * 2.0))
+    # More than 25 points, where cdist would otherwise take the mm form:
+    far_q, far_k = (torch.randn(2, 30, 3, generator=g) + 1e3 for _ in range(2))
+    exact = -torch.cdist(far_q.double(), far_k.double()).square()
+    assert (attention_logits(far_q, far_k, 'metric').double()
+            - exact).abs().max() < 1e-3
+
+
+def sinkhorn_reference(logits, iterations):
+    for _ in range(iterations):
+        logits = logits.log_softmax(-2).log_softmax(-1)
+    return logits.exp()
+
+
+@pytest.mark.parametrize('normalization,iterations', [
+    ('column', 3), ('global', 3), ('sinkhorn', 1), ('sinkhorn', 4)])
+def test_other_normalizations_against_float64(normalization, iterations):
+    """Column, global and Sinkhorn weights (with the number of Sinkhorn
+    steps asked for) and their outputs, masked and batched, against float64;
+    queries and keys of different counts."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(2, 7, 4, generator=g), torch.randn(2, 9, 4, generator=g)
+    v = torch.randn(2, 9, 3, generator=g)
+    mask = torch.rand(7, 9, generator=g) < 0.7
+    mask[torch.arange(7), torch.arange(7)] = True  # no empty row or column
+    mask[:, 7:] = True
+    logits = (-torch.cdist(q.double(), k.double()).square() / 0.5).masked_fill(
+        ~mask, float('-inf'))
+    expected = {'column': lambda: logits.softmax(-2),
+                'global': lambda: logits.flatten(-2).softmax(-1).view_as(logits),
+                'sinkhorn': lambda: sinkhorn_reference(logits, iterations)
+                }[normalization]()
+    out, weights = dense_metric_attention(
+        q, k, v, 'metric', 0.5, attn_mask=mask, need_weights=True,
+        normalization=normalization, sinkhorn_iterations=iterations)
+    assert rel(weights, expected) < 1e-5
+    assert rel(out, expected @ v.double()) < 1e-5
+    assert dense_metric_attention(
+        q, k, v, 'metric', 0.5, attn_mask=mask,
+        normalization=normalization)[1] is None  # weights only when asked
+
+
+@pytest.mark.parametrize('need_weights', [False, True])
+@pytest.mark.parametrize('masked', [False, True])
+def test_causal_with_more_keys_than_queries(need_weights, masked):
+    """``is_causal`` with 3-d inputs and ``L_q != L_k`` (query i attends to
+    keys j <= i), alone and beside a mask, fused and explicit."""
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(2, 7, 4, generator=g), torch.randn(2, 9, 4, generator=g)
+    v = torch.randn(2, 9, 3, generator=g)
+    mask = torch.tensor([True, False] * 4 + [True]) if masked else None
+    out, _ = dense_metric_attention(q, k, v, 'metric', attn_mask=mask,
+                                    is_causal=True, need_weights=need_weights)
+    assert rel(out, reference(q, k, v, 'metric', mask=mask, causal=True)[0]) \
+        < 1e-5
+
+
+@pytest.mark.parametrize('blocked_key', [float('nan'), 1e30])
+@pytest.mark.parametrize('boolean', [False, True])
+def test_a_blocked_key_changes_nothing(blocked_key, boolean):
+    """A NaN or a far (1e30) key that a mask blocks changes nothing: the
+    output equals attention over the other keys."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 5, 3, generator=g) for _ in range(3))
+    k[0, 0, 3] = blocked_key
+    blocked = torch.zeros(5).index_fill(0, torch.tensor([3]), float('-inf'))
+    mask = blocked == 0 if boolean else blocked
+    out, _ = dense_metric_attention(q, k, v, 'metric', attn_mask=mask)
+    kept = torch.tensor([0, 1, 2, 4])
+    expected, _ = reference(q, k[..., kept, :], v[..., kept, :], 'metric')
+    assert rel(out, expected) < 1e-5
+
+
+def test_defaults_are_metric_and_three_sinkhorn_steps():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(4, 3, generator=g) for _ in range(3))
+    out, _ = dense_metric_attention(q, k, v)
+    assert rel(out, reference(q, k, v, 'metric')[0]) < 1e-5
+    _, weights = dense_metric_attention(q, k, v, normalization='sinkhorn',
+                                        need_weights=True)
+    expected = sinkhorn_reference(-torch.cdist(q.double(), k.double()).square(), 3)
+    assert rel(weights, expected) < 1e-5
+
+
+@pytest.mark.parametrize('need_weights', [False, True])
+def test_dropout_drops_and_is_unbiased(need_weights):
+    """Dropout on the weights, fused and explicit: one draw differs from the
+    output without dropout, the mean of many draws matches it."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 6, 4, generator=g) for _ in range(3))
+    plain, _ = dense_metric_attention(q, k, v, 'metric',
+                                      need_weights=need_weights)
+    torch.manual_seed(0)
+    draws = torch.stack([dense_metric_attention(
+        q, k, v, 'metric', dropout_p=0.25, need_weights=need_weights)[0]
+        for _ in range(2000)])
+    assert not torch.allclose(draws[0], plain)
+    assert (draws.mean(0) - plain).abs().max() < 0.05
+    # One key of value 1: each draw keeps it, scaled by 1/(1 - p), or not.
+    one = torch.ones(1, 1, 1)
+    kept = {round(float(dense_metric_attention(
+        q[:, :1], q[:, :1], one, 'metric', dropout_p=0.25,
+        need_weights=need_weights)[0]), 5) for _ in range(200)}
+    assert kept == {0.0, round(1 / 0.75, 5)}
+
+
+@pytest.mark.parametrize('value_width', [2, 9])
+def test_value_width_differs_from_the_key_width(value_width):
+    """Values narrower and wider than the augmented keys (width D + 1), in
+    the training (augmented) form, gradients included."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 6, 3, generator=g)
+    k = torch.randn(1, 2, 6, 3, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, 6, value_width, generator=g, requires_grad=True)
+    out, _ = dense_metric_attention(q, k, v, 'l2', 0.7)
+    expected, _ = reference(q, k, v, 'l2', 0.7)
+    assert out.shape == (1, 2, 6, value_width)
+    assert rel(out, expected) < 1e-5
+    for got, want in zip(torch.autograd.grad(out.sum(), (k, v)),
+                         torch.autograd.grad(expected.sum(), (k, v)),
+                         strict=True):
+        assert rel(got, want) < 1e-5
+
+
+def test_exact_path_returns_the_input_dtypes():
+    """Far-apart points take the float64 path; output and weights come back
+    in the inputs' float32."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 5, 3, generator=g) for _ in range(3))
+    out, weights = dense_metric_attention(q, k * 1e4, v, 'metric',
+                                          need_weights=True)
+    assert out.dtype == weights.dtype == torch.float32
+    expected_out, expected = reference(q, k * 1e4, v, 'metric')
+    assert rel(weights, expected) < 1e-6 and rel(out, expected_out) < 1e-5
+
+
+def test_merge_masks_combines_boolean_and_additive_masks():
+    allowed = torch.tensor([[True, False, True]])
+    causal = torch.tensor([[True], [True], [False]])  # broadcast to [3, 3]
+    both = merge_masks([allowed, None, causal], torch.float64)
+    assert both.dtype == torch.bool
+    assert torch.equal(both, allowed & causal)
+    assert torch.equal(merge_masks([allowed, causal, allowed], torch.float64),
+                       allowed & causal)
+    additive = torch.tensor([[0.5, 1.0, -2.0]])
+    mixed = merge_masks([allowed, additive, causal], torch.bfloat16)
+    assert mixed.dtype == torch.bfloat16
+    expected = additive.expand(3, 3).masked_fill(~(allowed & causal),
+                                                 float('-inf'))
+    assert torch.equal(mixed.float(), expected)
+    assert merge_masks([None, None], torch.float32) is None
+
+
+@pytest.mark.parametrize('need_weights', [False, True])
+def test_no_queries(need_weights):
+    k, v = torch.randn(2, 4, 3), torch.randn(2, 4, 2)
+    out, _ = dense_metric_attention(k[:, :0], k, v, need_weights=need_weights)
+    assert out.shape == (2, 0, 2)

@@ -80,13 +80,46 @@ def test_power_law_graph_has_hubs_and_is_deterministic():
         2000, 40_000, torch.device('cpu')))
 
 
-def test_triton_variant_runs_a_step():
+def autograd_nodes(tensor: torch.Tensor) -> str:
+    """The names of the autograd nodes behind ``tensor``, space-separated."""
+    names, stack, seen = [], [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return ' '.join(names)
+
+
+def test_triton_variant_step_matches_the_scatter_variant(monkeypatch):
+    """The metric-triton step's output and parameter gradients equal the
+    metric-scatter step's (same seed, so same weights and graph)."""
     pytest.importorskip('triton')
-    case = dict(kind='sparse', variant='metric-triton', graph='power-law',
-                nodes=12, edges=40, dtype='float32', heads=2, channels=4)
-    step = gpu_cases.build_step(case, 'forward_backward',
-                                gpu_cases.Job(torch.device('cpu')))
-    step()
+    layers, sparse_layer = [], gpu_cases.sparse_layer
+
+    def recorded_layer(*args):
+        layer = sparse_layer(*args)
+        layer.register_forward_hook(
+            lambda module, inputs, output: setattr(module, 'output', output))
+        layers.append(layer)
+        return layer
+
+    monkeypatch.setattr(gpu_cases, 'sparse_layer', recorded_layer)
+    for variant in ('metric-triton', 'metric-scatter'):
+        case = dict(kind='sparse', variant=variant, graph='power-law',
+                    nodes=12, edges=40, dtype='float32', heads=2, channels=4)
+        gpu_cases.build_step(case, 'forward_backward',
+                             gpu_cases.Job(torch.device('cpu')))()
+    triton, scatter = layers
+    assert 'TritonMetricAttention' in autograd_nodes(triton.output)
+    assert 'TritonMetricAttention' not in autograd_nodes(scatter.output)
+    torch.testing.assert_close(triton.output, scatter.output)
+    gradients = {name: p.grad for name, p in triton.named_parameters()}
+    assert gradients and all(g is not None for g in gradients.values())
+    for name, p in scatter.named_parameters():
+        torch.testing.assert_close(gradients[name], p.grad, msg=name)
 
 
 def test_targets_report_met_missed_and_oom():

@@ -24,7 +24,9 @@ from pyg_metric_attn.datasets.human_segmentation import MIT_POSES, SHREC_IDS
 from pyg_metric_attn.datasets.mesh_dataset import mesh_data
 from pyg_metric_attn.datasets.mesh_io import read_labels, read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
+from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.geometry import MeshError, edge_face_counts
+from pyg_metric_attn.nn.models import MetricMeshFormerConfig
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 #: Preprocessing with few eigenpairs (quick), by ``k``.
@@ -98,28 +100,59 @@ def test_meshcnn_layout_on_real_meshes(human_seg_root):
 
 
 def test_a_benchmark_file_through_the_preprocessing_equals_the_item(
-        human_seg_root, tmp_path):
-    """What ``predict`` and the Python API compute for a mesh file is the data
-    set's item: every field, bit for bit (here with the former's operators)."""
-    preprocess = MeshPreprocessing(32, spectral_basis=32, gradients=True)
-    (item,) = HumanSegmentation(str(human_seg_root), 'test', log=False,
-                                pre_transform=preprocess,
-                                processed_dir=str(tmp_path))
-    pos, face = read_mesh(human_seg_root / 'test' / 'shrec__5.obj')
-    mesh = preprocess(mesh_data(
+        human_seg_root, tmp_path, monkeypatch):
+    """What ``predict`` (HumanSegTask.predict_files) and the Python API compute
+    for a mesh file is the data set's item: every field, bit for bit (here
+    with the former's operators), and so are the predicted labels."""
+    former = MetricMeshFormerConfig(hidden_channels=8, num_layers=1, heads=2,
+                                    global_stride=8, diffusion=True,
+                                    gradients=True)
+    task = HumanSegTask(root=str(human_seg_root), k=32, num_workers=1,
+                        processed_dir=str(tmp_path / 'processed'),
+                        former=former, progress=False)
+    (item,) = task.datasets()[1]
+    path = human_seg_root / 'test' / 'shrec__5.obj'
+    pos, face = read_mesh(path)
+    mesh = task.preprocessing(mesh_data(
         pos, face, 'shrec__5',
         edge_labels=read_labels(human_seg_root / 'seg' / 'shrec__5.eseg') - 1,
         edge_soft_labels=read_labels(human_seg_root / 'sseg' / 'shrec__5.seseg',
                                      float)))
     assert sorted(mesh.keys()) == sorted(item.keys())
-    for key in item.keys():
+    assert {'evals', 'evecs', 'grad_index', 'grad_weight', 'edge_label',
+            'edge_label_soft'} <= set(item.keys())
+    assert_same_fields(mesh, item, item.keys())
+
+    torch.manual_seed(0)
+    model = task.build_model('metricformer')
+    predicted = []
+
+    def recorded_predict(model, mesh):
+        predicted.append(mesh)
+        return HumanSegTask.predict(task, model, mesh)
+
+    monkeypatch.setattr(task, 'predict', recorded_predict)
+    out = tmp_path / 'predicted'
+    out.mkdir()
+    assert [str(p) for p, _ in task.predict_files(model, [path], out)] == [str(path)]
+    (from_file,) = predicted
+    labels = {'y', 'edge_label', 'edge_label_soft'}
+    assert set(from_file.keys()) == set(item.keys()) - labels
+    assert_same_fields(from_file, item, set(from_file.keys()) - {'name'})
+    expected = HumanSegTask.predict(task, model, item)
+    assert len(set(expected.tolist())) > 1  # not a constant prediction
+    written = (out / 'shrec__5.txt').read_text().split()
+    assert written == [str(label) for label in expected.tolist()]
+
+
+def assert_same_fields(mesh, item, keys):
+    """``mesh[key]`` equals ``item[key]`` bit for bit for each key."""
+    for key in keys:
         if isinstance(item[key], torch.Tensor):
             assert mesh[key].dtype == item[key].dtype, key
             assert torch.equal(mesh[key], item[key]), key
         else:
             assert mesh[key] == item[key], key
-    assert {'evals', 'evecs', 'grad_index', 'grad_weight', 'edge_label',
-            'edge_label_soft'} <= set(item.keys())
 
 
 def test_read_only_raw_folder_with_processed_dir(tmp_path):

@@ -99,15 +99,18 @@ def test_global_attention_attends_to_the_marked_vertices():
     keys = torch.rand(sum(sizes)) < 0.4
     keys[[0, 7]] = True  # at least one key per mesh
     out = block._global(h, batch, keys)
-    reference = []
+    reference, all_pairs = [], []
     for part, mask in zip(h.split(sizes), keys.split(sizes), strict=True):
         ref, _ = block.global_attention(part[None], part[mask][None],
                                         part[mask][None], need_weights=False)
         reference.append(ref[0])
+        ref, _ = block.global_attention(part[None], part[None], part[None],
+                                        need_weights=False)
+        all_pairs.append(ref[0])
     torch.testing.assert_close(out, torch.cat(reference), atol=1e-5, rtol=1e-5)
-    # No mask: all pairs.
+    # No mask: all pairs within each mesh (one unpadded call per mesh).
     torch.testing.assert_close(block._global(h, batch, None),
-                               block.global_attention.forward_point_sets(h, batch))
+                               torch.cat(all_pairs), atol=1e-5, rtol=1e-5)
     # The model samples the keys from the positions.
     with pytest.raises(ValueError, match="pass 'pos'"):
         model(torch.randn(sum(sizes), 5), torch.empty(2, 0, dtype=torch.long),
