@@ -482,3 +482,47 @@ def test_layer_triton_backend_equals_fused(metric, aggr):
     for name, grad in grads.items():
         torch.testing.assert_close(t_grads[name], grad, rtol=1e-4, atol=1e-5,
                                    msg=name)
+
+
+# ---------------------------------------------------------------- unsafe input
+
+def test_pyg_index_subclasses_are_read_as_plain_tensors():
+    """PyG's ``EdgeIndex`` / ``Index`` keep their data in a plain tensor of
+    their own; the kernels read that (the subclass itself has no storage the
+    interpreter, or a GPU, could read: address 0x0 on CUDA)."""
+    from torch_geometric import EdgeIndex
+    gen = torch.Generator().manual_seed(12)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    expected, _ = ta.triton_metric_attention(q, k, v, rowptr, col)
+    row = torch.repeat_interleave(torch.arange(6, device=DEVICE), rowptr.diff())
+    edge_index = EdgeIndex(torch.stack([col, row]), sparse_size=(5, 6),
+                           sort_order='col')
+    out, _ = ta.triton_metric_attention(q, k, v, rowptr, edge_index[0])
+    assert torch.equal(out, expected)
+    out, _ = ta.triton_metric_attention(q, k, v, edge_index.get_indptr(), edge_index[0])
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize('bad', [-1, 5])
+def test_column_out_of_range_raises_index_error(bad):
+    """A source index outside [0, N_src) is never read: IndexError naming it."""
+    gen = torch.Generator().manual_seed(13)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    col = col.clone()
+    col[3] = bad
+    with pytest.raises(IndexError, match=f'{bad}.*\\[0, 5\\)'):
+        ta.triton_metric_attention(q, k, v, rowptr, col)
+
+
+def test_bad_row_pointer_raises():
+    """rowptr must run non-decreasing from 0 to E: anything else would make
+    the kernels read edges that do not exist."""
+    gen = torch.Generator().manual_seed(14)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    for broken in (rowptr + 1, rowptr.flip(0), torch.cat([rowptr[:-1],
+                                                          rowptr[-1:] + 2])):
+        with pytest.raises(ValueError, match='rowptr'):
+            ta.triton_metric_attention(q, k, v, broken, col)

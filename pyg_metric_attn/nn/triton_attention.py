@@ -1000,6 +1000,45 @@ def _check_device(device: torch.device) -> None:
         'TRITON_INTERPRET=1 set before the first call.')
 
 
+def _plain_index(name: str, index: Tensor) -> Tensor:
+    """``index`` as a plain tensor the kernels can read: PyG's ``EdgeIndex``
+    and ``Index`` hold their data in one (``as_tensor()``); a tensor subclass
+    that overrides ``__torch_dispatch__`` otherwise has no storage of its own."""
+    if type(index) is Tensor:
+        return index
+    as_tensor = getattr(index, 'as_tensor', None)
+    if callable(as_tensor):
+        index = as_tensor()
+    if type(index).__torch_dispatch__ is not Tensor.__torch_dispatch__:
+        raise TypeError(f'{name} is a {type(index).__name__}, a tensor subclass '
+                        'whose data Triton cannot read; pass a plain torch.Tensor')
+    return index.as_subclass(Tensor)
+
+
+def _check_graph(rowptr: Tensor, col: Tensor, num_src: int) -> None:
+    """The CSR graph's invariants, without which the kernels would read out of
+    bounds: ``rowptr`` non-decreasing from 0 to ``E`` and every ``col`` in
+    ``[0, N_src)``. On the CPU a violation raises at once (``IndexError``
+    naming the index); on a GPU it is a device-side assert (no host sync)."""
+    num_edges = col.numel()
+    ok_ptr = ((rowptr[0] == 0) & (rowptr[-1] == num_edges)
+              & (rowptr.diff() >= 0).all())
+    if num_edges > 0:
+        low, high = col.min(), col.max()
+        ok_col = (low >= 0) & (high < num_src)
+    if col.device.type != 'cpu' or torch.compiler.is_compiling():
+        torch._assert_async(ok_ptr, 'rowptr must run non-decreasing from 0 to E')
+        if num_edges > 0:
+            torch._assert_async(ok_col, f'col must lie in [0, {num_src})')
+        return
+    if not ok_ptr:
+        raise ValueError(f'rowptr must run non-decreasing from 0 to E = {num_edges}, '
+                         f'got {rowptr.tolist()[:8]}...')
+    if num_edges > 0 and not ok_col:
+        bad = int(low) if low < 0 else int(high)
+        raise IndexError(f'col holds source index {bad}, outside [0, {num_src})')
+
+
 def _attention(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor,
                col: Tensor, metric: str = 'metric',
                time_scale: float | Tensor = 1.0, edge_bias: Tensor | None = None,
@@ -1026,6 +1065,7 @@ def _attention(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor,
                         f'{value.dtype}')
     device = query.device
     _check_device(device)
+    rowptr, col = _plain_index('rowptr', rowptr), _plain_index('col', col)
     for name, t in (('key', key), ('value', value), ('rowptr', rowptr), ('col', col)):
         if t.device != device:
             raise ValueError(f'{name} is on {t.device}, query on {device}')
@@ -1065,6 +1105,7 @@ def _attention(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor,
     num_warps = NUM_WARPS or (4 if block_e * width >= 2048 else 2)
     chunk = max(ROW_CHUNK, block_e)
     rowptr64 = rowptr.long().contiguous()
+    _check_graph(rowptr64, col, n_src)
     graph = _Graph(rowptr64, col.contiguous(), n_src, chunk,
                    _schedule(rowptr64, num_edges, chunk) if n_dst > 0 else None)
     need_mean = ts.requires_grad and torch.is_grad_enabled()
