@@ -30,7 +30,12 @@ from pyg_metric_attn.nn.sparse_attention import (
     sparse_metric_attention,
 )
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON, triton_metric_attention
+from pyg_metric_attn.nn.triton import (
+    HAVE_TRITON,
+    TritonGraph,
+    prepare_triton_graph,
+    triton_metric_attention,
+)
 from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
     check_edge_attr,
@@ -161,7 +166,7 @@ class MetricAttentionConv(MessagePassing):
             view, :math:`E \times H` memory per edge
             (:mod:`~pyg_metric_attn.nn.sparse_attention`); ``'triton'``: one
             fused GPU kernel with an online softmax, no per-edge tensor
-            (:mod:`~pyg_metric_attn.nn.triton_attention`, needs
+            (:mod:`~pyg_metric_attn.nn.triton`, needs
             ``pip install pyg-metric-attn[gpu]``); ``'scatter'``: PyG message
             passing with :math:`E \times H \times C` messages, which runs PyG's
             message hooks, explain mode and any ``aggr``. ``'auto'`` takes
@@ -648,20 +653,24 @@ class MetricAttentionConv(MessagePassing):
                           edge_bias: OptTensor,
                           need_weights: bool) -> tuple[Tensor, OptTensor]:
         """The Triton path: ``([N_dst, H, C], [E, H] weights or None)``, the
-        destination-sorted view of ``edge_index`` cached on ``input_graph``;
+        graph prepared for the kernels cached on ``input_graph``;
         queries and keys enter in the values' dtype (the kernel accumulates in
         float32), dropout is drawn inside the kernel."""
-        perm, ptr, col = cached(
-            input_graph, ('csr_order', self.add_self_loops, z_src.size(0), num_dst),
-            lambda: _destination_sorted(edge_index, num_dst))
+        def prepare() -> tuple[Tensor, TritonGraph]:
+            perm, ptr, col = _destination_sorted(edge_index, num_dst)
+            return perm, prepare_triton_graph(ptr, col, z_src.size(0))
+
+        perm, graph = cached(
+            input_graph, ('triton_graph', self.add_self_loops, z_src.size(0), num_dst),
+            prepare)
         dtype = values.dtype
         out, weights = triton_metric_attention(
-            z_dst.to(dtype), z_src.to(dtype), values, ptr, col,
-            self.metric, self.time_scale,
-            None if edge_bias is None else edge_bias[perm],
+            z_dst.to(dtype), z_src.to(dtype), values, metric=self.metric,
+            time_scale=self.time_scale,
+            edge_bias=None if edge_bias is None else edge_bias[perm],
             dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights)
-        out = self._mean_over_edges(out, ptr)
+            need_weights=need_weights, graph=graph)
+        out = self._mean_over_edges(out, graph.rowptr)
         if weights is None:
             return out, None
         alpha = torch.empty_like(weights)

@@ -1,0 +1,419 @@
+r"""The Triton kernels of fused sparse metric-attention.
+
+A program owns one *work item* (a row, a column, or a chunk of a long one:
+see :mod:`.schedule`) and one head; grid ``(items, H)``. The kernels are
+thin: a prologue, a loop over ``BLOCK_E`` edges built from the ``@triton.jit``
+helpers below (each fragment written once), an epilogue.
+
+**Forward** (:func:`forward_kernel`). FlashAttention-style online softmax
+over a sparse row: load :math:`q_i` once, gather ``[BLOCK_E, D]`` key tiles
+by index, form the logits from the *direct* differences :math:`q_i - k_j` in
+float32 registers (never the expanded :math:`|q|^2 - 2 q\cdot k + |k|^2`,
+whose cancellation loses every digit once points sit ~1e4 from the origin),
+keep a running max :math:`m`, a running sum :math:`l` of the *undropped*
+probabilities and a float32 accumulator :math:`\sum_j e^{s_{ij}-m} z_{ij}
+v_j`. It writes ``out`` and the row state ``(m, log l)`` (float32
+``[N_dst, H, 2]``), the only per-row state the backward needs. Rows without
+edges, or whose logits are all ``-inf``, give 0, never NaN.
+
+**Backward.** Recompute, do not store: with the saved row state
+:math:`p_{ij} = e^{s_{ij} - m_i - \log l_i}` is exact per edge even for split
+rows. With :math:`D_i = \sum_c \mathrm{dout}_{ic}\mathrm{out}_{ic}` and
+:math:`dp_{ij} = z_{ij}(\mathrm{dout}_i \cdot v_j + g^w_{ij})`,
+:math:`ds_{ij} = p_{ij}(dp_{ij} - D_i)`. :func:`backward_rows_kernel` (the
+forward's schedule) writes ``dq``, ``db`` (each edge owned by one program)
+and per-item partials of ``dt``; :func:`backward_columns_kernel` runs over
+the transpose and writes ``dk``, ``dv`` with every sum in a fixed order
+(bitwise reproducible). Without the transpose, the rows kernel adds ``dk``,
+``dv`` with float32 atomics instead (order depends on scheduling). The CSC
+pass recomputes :math:`D` flops per edge (negligible in a memory-bound
+kernel) where atomics serialise on hub sources.
+
+**Range.** Logits are float32 registers, yet may lie beyond float32's range
+(points near 1e20 give :math:`|q|^2 \sim 10^{40}`), where a row would turn
+to NaN or all its weights underflow although its softmax is well defined.
+The points are loaded times powers of two :math:`1/c_q, 1/c_k` (exact), and
+logits and bias are carried in units of a power of two :math:`R = R_a R_b`:
+:math:`p = e^{(s' - m') R_a R_b}` only ever overflows towards ``-inf`` (a
+zero weight). The constants (``RANGE``, see
+:func:`~pyg_metric_attn.nn.triton.function.range_constants`) are 1 unless a
+logit could exceed :math:`2^{100}`.
+
+**Dropout.** ``keep = tl.rand(seed, e * H + h) >= p``: a counter-based
+Philox stream indexed by the CSR edge position and head (int32 counters
+while :math:`E H < 2^{31}`), redrawn bit-identically in backward by both
+passes. No ``[E, H]`` mask is stored.
+
+**Bounds.** Every gather is masked by its edge mask; indices are in bounds
+by construction: work items and split segments are indexed by the program
+id (< the grid), edge positions lie in ``[lo, hi)`` of a validated
+``rowptr``, and node indices come from ``col`` / ``row``, validated (or
+built) by :func:`~pyg_metric_attn.nn.triton.schedule.prepare_triton_graph`.
+
+This module decorates with ``triton.jit`` at import, which reads
+``TRITON_INTERPRET``: it is imported on the first launch, not with the package.
+"""
+import triton
+import triton.language as tl
+
+# -------------------------------------------------------------- fragments
+
+
+@triton.jit
+def _ranges(RANGE):
+    """(1/c_q, 1/c_k, logit scale, R_a, R_b, 1/R, dq factor, dk factor)."""
+    return (tl.load(RANGE), tl.load(RANGE + 1), tl.load(RANGE + 2),
+            tl.load(RANGE + 3), tl.load(RANGE + 4), tl.load(RANGE + 5),
+            tl.load(RANGE + 6), tl.load(RANGE + 7))
+
+
+@triton.jit
+def _item(SCHED, n_items, it):
+    """A work item: (segment or -1, first entry, end entry, slot or -1)."""
+    return (tl.load(SCHED + it), tl.load(SCHED + n_items + it),
+            tl.load(SCHED + 2 * n_items + it), tl.load(SCHED + 3 * n_items + it))
+
+
+@triton.jit
+def _vector(X, i, h, H, W, offs, wmask):
+    """``X[i, h, :W]`` as float32 ``[BLOCK_W]`` (zero padded)."""
+    return tl.load(X + (i * H + h) * W + offs, mask=wmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gather(X, idx, h, H, W, offs, emask, wmask):
+    """``X[idx, h, :W]`` as float32 ``[BLOCK_E, BLOCK_W]`` (zero padded)."""
+    return tl.load(X + (idx * H + h)[:, None] * W + offs[None, :],
+                   mask=emask[:, None] & wmask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _logits(a, b, scale, BIAS, e, h, H, emask, inv_r,
+            DOT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Logits without and with the bias (``[BLOCK_E]``, range units) of the
+    points ``a``, ``b`` (broadcast to ``[BLOCK_E, BLOCK_D]``) and their
+    difference (the metric gradients' direction)."""
+    diff = a - b
+    if DOT:
+        s0 = tl.sum(a * b, 1) * scale
+    else:
+        s0 = -tl.sum(diff * diff, 1) * scale
+    s = s0
+    if HAS_BIAS:
+        s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32) * inv_r
+    return s0, s, diff
+
+
+@triton.jit
+def _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE: tl.constexpr):
+    """``z``: ``1 / (1 - p)`` for a kept edge, 0 for a dropped one."""
+    off = e.to(tl.int64) * H + h
+    if not WIDE:
+        off = off.to(tl.int32)
+    return tl.where(tl.rand(seed, off) >= p_drop, drop_scale, 0.0)
+
+
+@triton.jit
+def _row_state(STATS, i, h, H, mask):
+    """The saved row state ``(m', log l)`` (``m' = 0`` for rows without edges)."""
+    m = tl.load(STATS + (i * H + h) * 2, mask=mask, other=0.0)
+    log_l = tl.load(STATS + (i * H + h) * 2 + 1, mask=mask, other=0.0)
+    return tl.where(m == float('-inf'), 0.0, m), log_l
+
+
+@triton.jit
+def _probabilities(s, m, log_l, emask, r_a, r_b):
+    """The softmax weights recomputed from the row state (0 off the mask)."""
+    return tl.where(emask, tl.exp((s - m) * r_a * r_b - log_l), 0.0)
+
+
+@triton.jit
+def _write_row(OUT, STATS, MEAN, row, h, H, C, offs_c, cmask, m_i, l_i, ms_i, acc,
+               NEED_MEAN: tl.constexpr):
+    """The row epilogue: ``out = acc / l``, the row state and the mean logit."""
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    inv_l = tl.where(l_i > 0.0, 1.0 / l_safe, 0.0)
+    tl.store(OUT + (row * H + h) * C + offs_c, (acc * inv_l).to(OUT.dtype.element_ty),
+             mask=cmask)
+    tl.store(STATS + (row * H + h) * 2, m_i)
+    tl.store(STATS + (row * H + h) * 2 + 1, tl.log(l_safe))
+    if NEED_MEAN:
+        tl.store(MEAN + row * H + h, ms_i * inv_l)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.jit
+def forward_kernel(Q, K, V, BIAS, RANGE, SEED, COL, SCHED, n_items, PART_ML,
+                   PART_ACC, OUT, STATS, MEAN, H, D, C, p_drop, drop_scale,
+                   DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+                   WIDE: tl.constexpr, NEED_MEAN: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
+    """Online softmax over one row (chunk): ``out``, the row state, the mean
+    logit; a chunk of a split row writes ``(m, l, mean, acc)`` to scratch."""
+    it = tl.program_id(0)
+    h = tl.program_id(1)
+    row, lo, hi, slot = _item(SCHED, n_items, it)
+    if row >= 0:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_c = tl.arange(0, BLOCK_C)
+        dmask = offs_d < D
+        cmask = offs_c < C
+        inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
+        q = _vector(Q, row, h, H, D, offs_d, dmask) * inv_cq
+        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        m_i = tl.full([], float('-inf'), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
+        ms_i = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BLOCK_C], tl.float32)
+        for e0 in range(lo, hi, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            emask = e < hi
+            j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
+            k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
+            s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask, inv_r,
+                               DOT, HAS_BIAS)
+            s = tl.where(emask, s, float('-inf'))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
+            p = tl.exp((s - m_use) * r_a * r_b)
+            corr = tl.exp((m_i - m_use) * r_a * r_b)
+            l_i = l_i * corr + tl.sum(p, 0)
+            if NEED_MEAN:
+                ms_i = ms_i * corr + tl.sum(p * s0, 0)
+            if DROPOUT:
+                p = p * _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
+            v = _gather(V, j, h, H, C, offs_c, emask, cmask)
+            acc = acc * corr + tl.sum(p[:, None] * v, 0)
+            m_i = m_new
+        if slot < 0:
+            _write_row(OUT, STATS, MEAN, row, h, H, C, offs_c, cmask, m_i, l_i, ms_i,
+                       acc, NEED_MEAN)
+        else:
+            tl.store(PART_ML + (slot * H + h) * 3, m_i)
+            tl.store(PART_ML + (slot * H + h) * 3 + 1, l_i)
+            tl.store(PART_ML + (slot * H + h) * 3 + 2, ms_i)
+            tl.store(PART_ACC + (slot * H + h) * C + offs_c, acc, mask=cmask)
+
+
+@triton.jit
+def combine_forward_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, STATS, MEAN,
+                           RANGE, H, C, NEED_MEAN: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    """Merge the chunks of a split row, in chunk order (flash-decoding)."""
+    sid = tl.program_id(0)
+    h = tl.program_id(1)
+    row = tl.load(SPLIT + sid)
+    if row >= 0:
+        lo = tl.load(SPLIT + n_split + sid)
+        hi = tl.load(SPLIT + 2 * n_split + sid)
+        offs_c = tl.arange(0, BLOCK_C)
+        cmask = offs_c < C
+        inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
+        m_i = tl.full([], float('-inf'), tl.float32)
+        l_i = tl.full([], 0.0, tl.float32)
+        ms_i = tl.full([], 0.0, tl.float32)
+        acc = tl.zeros([BLOCK_C], tl.float32)
+        for slot in range(lo, hi):
+            m_c = tl.load(PART_ML + (slot * H + h) * 3)
+            l_c = tl.load(PART_ML + (slot * H + h) * 3 + 1)
+            ms_c = tl.load(PART_ML + (slot * H + h) * 3 + 2)
+            a_c = _vector(PART_ACC, slot, h, H, C, offs_c, cmask)
+            m_new = tl.maximum(m_i, m_c)
+            m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
+            f_old = tl.exp((m_i - m_use) * r_a * r_b)
+            f_new = tl.exp((m_c - m_use) * r_a * r_b)
+            l_i = l_i * f_old + l_c * f_new
+            ms_i = ms_i * f_old + ms_c * f_new
+            acc = acc * f_old + a_c * f_new
+            m_i = m_new
+        _write_row(OUT, STATS, MEAN, row, h, H, C, offs_c, cmask, m_i, l_i, ms_i, acc,
+                   NEED_MEAN)
+
+
+@triton.jit
+def segment_sum_kernel(SPLIT, n_split, PART, OUT, H, W, BLOCK_W: tl.constexpr):
+    """``OUT[seg, h, :] =`` the sum of the segment's scratch slots, in order."""
+    sid = tl.program_id(0)
+    h = tl.program_id(1)
+    seg = tl.load(SPLIT + sid)
+    if seg >= 0:
+        lo = tl.load(SPLIT + n_split + sid)
+        hi = tl.load(SPLIT + 2 * n_split + sid)
+        offs = tl.arange(0, BLOCK_W)
+        wmask = offs < W
+        acc = tl.zeros([BLOCK_W], tl.float32)
+        for slot in range(lo, hi):
+            acc += _vector(PART, slot, h, H, W, offs, wmask)
+        tl.store(OUT + (seg * H + h) * W + offs, acc.to(OUT.dtype.element_ty),
+                 mask=wmask)
+
+
+@triton.jit
+def weights_kernel(Q, K, BIAS, RANGE, SEED, ROW, COL, STATS, WEIGHTS, E, H, D,
+                   p_drop, drop_scale,
+                   DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
+                   WIDE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Edge-parallel: ``weights[e, h] = exp(s_e - lse_row(e)) z_e``."""
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
+    e = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = e < E
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    i = tl.load(ROW + e, mask=emask, other=0).to(tl.int64)
+    j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
+    q = _gather(Q, i, h, H, D, offs_d, emask, dmask) * inv_cq
+    k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
+    s0, s, diff = _logits(q, k, scale, BIAS, e, h, H, emask, inv_r, DOT, HAS_BIAS)
+    m, log_l = _row_state(STATS, i, h, H, emask)
+    p = _probabilities(s, m, log_l, emask, r_a, r_b)
+    if DROPOUT:
+        p = p * _dropout_scale(tl.load(SEED).to(tl.int32), e, h, H, p_drop,
+                               drop_scale, WIDE)
+    tl.store(WEIGHTS + e * H + h, p.to(WEIGHTS.dtype.element_ty), mask=emask)
+
+
+@triton.jit
+def backward_rows_kernel(Q, K, V, BIAS, RANGE, SEED, COL, SCHED, n_items, STATS,
+                         MEAN, DELTA, DOUT, GW, DQ, PART_DQ, DB, DT_PART, DK, DV,
+                         H, D, C, p_drop, drop_scale,
+                         DOT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         HAS_GW: tl.constexpr, DROPOUT: tl.constexpr,
+                         WIDE: tl.constexpr, NEED_DB: tl.constexpr,
+                         NEED_DT: tl.constexpr, ATOMIC_KV: tl.constexpr,
+                         BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+    """Over the rows: ``dq``, ``db``, ``dt`` partials (and ``dk``, ``dv`` by
+    atomics if ``ATOMIC_KV``)."""
+    it = tl.program_id(0)
+    h = tl.program_id(1)
+    row, lo, hi, slot = _item(SCHED, n_items, it)
+    if row >= 0:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_c = tl.arange(0, BLOCK_C)
+        dmask = offs_d < D
+        cmask = offs_c < C
+        inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
+        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        q = _vector(Q, row, h, H, D, offs_d, dmask) * inv_cq
+        do = _vector(DOUT, row, h, H, C, offs_c, cmask)
+        m, log_l = _row_state(STATS, row, h, H, True)
+        delta = tl.load(DELTA + row * H + h)
+        s_mean = tl.load(MEAN + row * H + h) if NEED_DT else 0.0
+        dq = tl.zeros([BLOCK_D], tl.float32)
+        dt = tl.zeros([BLOCK_E], tl.float32)
+        for e0 in range(lo, hi, BLOCK_E):
+            e = e0 + tl.arange(0, BLOCK_E)
+            emask = e < hi
+            j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
+            k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
+            s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask, inv_r,
+                                  DOT, HAS_BIAS)
+            p = _probabilities(s, m, log_l, emask, r_a, r_b)
+            v = _gather(V, j, h, H, C, offs_c, emask, cmask)
+            dp = tl.sum(do[None, :] * v, 1)
+            if HAS_GW:
+                dp += tl.load(GW + e * H + h, mask=emask, other=0.0).to(tl.float32)
+            pz = p
+            if DROPOUT:
+                z = _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
+                dp = dp * z
+                pz = p * z
+            ds = p * (dp - delta)
+            if NEED_DB:
+                tl.store(DB + e * H + h, ds.to(DB.dtype.element_ty), mask=emask)
+            if NEED_DT:
+                dt += ds * (s0 - s_mean)
+            if DOT:
+                dq += tl.sum(ds[:, None] * k, 0) * grad_q
+            else:
+                dq += tl.sum(ds[:, None] * diff, 0) * grad_q
+            if ATOMIC_KV:
+                if DOT:
+                    dk = ds[:, None] * q[None, :] * grad_k
+                else:
+                    dk = ds[:, None] * diff * grad_k
+                tl.atomic_add(DK + (j * H + h)[:, None] * D + offs_d[None, :], dk,
+                              mask=emask[:, None] & dmask[None, :])
+                tl.atomic_add(DV + (j * H + h)[:, None] * C + offs_c[None, :],
+                              pz[:, None] * do[None, :],
+                              mask=emask[:, None] & cmask[None, :])
+        if NEED_DT:
+            tl.store(DT_PART + it * H + h, tl.sum(dt, 0))
+        if slot < 0:
+            tl.store(DQ + (row * H + h) * D + offs_d, dq.to(DQ.dtype.element_ty),
+                     mask=dmask)
+        else:
+            tl.store(PART_DQ + (slot * H + h) * D + offs_d, dq, mask=dmask)
+
+
+@triton.jit
+def backward_columns_kernel(Q, K, V, BIAS, RANGE, SEED, CSC_ROW, CSC_EDGE, SCHED,
+                            n_items, STATS, DELTA, DOUT, GW, DK, DV, PART_DK,
+                            PART_DV, H, D, C, p_drop, drop_scale,
+                            DOT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            HAS_GW: tl.constexpr, DROPOUT: tl.constexpr,
+                            WIDE: tl.constexpr, BLOCK_E: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Over the transpose (deterministic): ``dk``, ``dv`` of one source (chunk)."""
+    it = tl.program_id(0)
+    h = tl.program_id(1)
+    col, lo, hi, slot = _item(SCHED, n_items, it)
+    if col >= 0:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_c = tl.arange(0, BLOCK_C)
+        dmask = offs_d < D
+        cmask = offs_c < C
+        inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
+        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        k = _vector(K, col, h, H, D, offs_d, dmask) * inv_ck
+        v = _vector(V, col, h, H, C, offs_c, cmask)
+        dk = tl.zeros([BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_C], tl.float32)
+        for c0 in range(lo, hi, BLOCK_E):
+            ce = c0 + tl.arange(0, BLOCK_E)
+            emask = ce < hi
+            e = tl.load(CSC_EDGE + ce, mask=emask, other=0)
+            i = tl.load(CSC_ROW + ce, mask=emask, other=0)
+            q = _gather(Q, i, h, H, D, offs_d, emask, dmask) * inv_cq
+            s0, s, diff = _logits(q, k[None, :], scale, BIAS, e, h, H, emask, inv_r,
+                                 DOT, HAS_BIAS)
+            m, log_l = _row_state(STATS, i, h, H, emask)
+            p = _probabilities(s, m, log_l, emask, r_a, r_b)
+            do = _gather(DOUT, i, h, H, C, offs_c, emask, cmask)
+            dp = tl.sum(do * v[None, :], 1)
+            if HAS_GW:
+                dp += tl.load(GW + e * H + h, mask=emask, other=0.0).to(tl.float32)
+            pz = p
+            if DROPOUT:
+                z = _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
+                dp = dp * z
+                pz = p * z
+            delta = tl.load(DELTA + i * H + h, mask=emask, other=0.0)
+            ds = p * (dp - delta)
+            dv += tl.sum(pz[:, None] * do, 0)
+            if DOT:
+                dk += tl.sum(ds[:, None] * q, 0) * grad_k
+            else:
+                dk += tl.sum(ds[:, None] * diff, 0) * grad_k
+        if slot < 0:
+            tl.store(DK + (col * H + h) * D + offs_d, dk.to(DK.dtype.element_ty),
+                     mask=dmask)
+            tl.store(DV + (col * H + h) * C + offs_c, dv.to(DV.dtype.element_ty),
+                     mask=cmask)
+        else:
+            tl.store(PART_DK + (slot * H + h) * D + offs_d, dk, mask=dmask)
+            tl.store(PART_DV + (slot * H + h) * C + offs_c, dv, mask=cmask)
+
+
+#: Every kernel, by name (for launch counting and the compile check).
+KERNELS = {
+    'forward': forward_kernel, 'combine_forward': combine_forward_kernel,
+    'segment_sum': segment_sum_kernel, 'weights': weights_kernel,
+    'backward_rows': backward_rows_kernel,
+    'backward_columns': backward_columns_kernel,
+}
