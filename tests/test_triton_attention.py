@@ -593,3 +593,28 @@ def test_prepared_graph_gives_the_same_result():
     no_transpose = ta.prepare_triton_graph(rowptr, col, 6, transpose=False)
     with pytest.raises(ValueError, match='transpose=True'):
         ta.triton_metric_attention(q, k.requires_grad_(), v, graph=no_transpose)
+
+
+def test_torch_compile_fullgraph():
+    """The kernels are custom operators with fake implementations and autograd:
+    torch.compile traces the whole call, graph preparation included, as one
+    graph (``fullgraph=True``), forward and backward equal eager's. On CPU
+    ``backend='aot_eager'`` keeps the test fast; inductor traces it too."""
+    gen = torch.Generator().manual_seed(16)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, b = inputs(6, 5, 2, 3, 4, col.numel(), gen)
+
+    def step(q, k, v, b, t):
+        out, w = ta.triton_metric_attention(q, k, v, rowptr, col, 'metric', t, b,
+                                            dropout_p=0.2, seed=3, need_weights=True)
+        return out.square().sum() + w.sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend='aot_eager')
+    results = []
+    for fn in (step, compiled):
+        q1, k1, v1, b1 = leaves(q, k, v, b)
+        t1 = torch.tensor(0.7, device=DEVICE, requires_grad=True)
+        loss = fn(q1, k1, v1, b1, t1)
+        results.append((loss,) + torch.autograd.grad(loss, (q1, k1, v1, b1, t1)))
+    for eager, traced in zip(*results, strict=True):
+        assert torch.equal(eager, traced)
