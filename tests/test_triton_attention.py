@@ -618,3 +618,47 @@ def test_torch_compile_fullgraph():
         results.append((loss,) + torch.autograd.grad(loss, (q1, k1, v1, b1, t1)))
     for eager, traced in zip(*results, strict=True):
         assert torch.equal(eager, traced)
+
+
+class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops of a step, the ones inside the custom operators
+    included (their implementations run under the mode again)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        impl = {'pyg_metric_attn.triton_attention': function.attention,
+                'pyg_metric_attn.triton_attention_backward':
+                function.attention_backward}.get(self.ops[-1])
+        if impl is not None:
+            with self:
+                return impl._init_fn(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_repeated_step_never_syncs():
+    """After the graph is prepared, a training step (dropout with a drawn
+    seed, a learned time scale, edge bias, weights) reads nothing back to the
+    host: no ``.item()``, ``nonzero``, ``unique`` (inside the custom operators
+    included)."""
+    gen = torch.Generator().manual_seed(17)
+    rowptr, col = messy_csr(8, 6, gen, p=0.5)
+    q, k, v, b = leaves(*inputs(8, 6, 2, 3, 4, col.numel(), gen))
+    t = torch.tensor(0.7, device=DEVICE, requires_grad=True)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+
+    def step():
+        out, w = ta.triton_metric_attention(q, k, v, time_scale=t, edge_bias=b,
+                                            dropout_p=0.3, need_weights=True,
+                                            graph=graph)
+        (out.square().sum() + w.sum()).backward()
+
+    step()
+    with _CountOps() as counter:
+        step()
+    syncs = [op for op in counter.ops if op.split('.')[-1] in (
+        '_local_scalar_dense', 'item', 'nonzero', 'unique', '_unique2', 'tolist')]
+    assert not syncs and 'pyg_metric_attn.triton_attention_backward' in counter.ops
