@@ -441,12 +441,13 @@ COMPILE_CHECK = textwrap.dedent("""
     from pyg_metric_attn.nn.triton.kernels import KERNELS
 
     index = {'COL', 'SCHED', 'SPLIT', 'ROW', 'CSC_ROW', 'CSC_EDGE', 'SEED'}
-    fp32 = {'STATS', 'MEAN', 'DELTA', 'RANGE', 'PART_ML', 'PART_ACC', 'PART',
-            'PART_DQ', 'PART_DK', 'PART_DV', 'DT_PART'}
-    scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64',
+    fp32 = {'STATS', 'MEAN', 'DELTA', 'RANGE', 'ABSMAX', 'TS', 'PART_ML',
+            'PART_ACC', 'PART', 'PART_DQ', 'PART_DK', 'PART_DV', 'DT_PART'}
+    scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64', 'n': 'i64',
                'n_items': 'i64', 'n_split': 'i64', 'p_drop': 'fp32',
                'drop_scale': 'fp32'}
-    blocks = {'BLOCK_E': 32, 'BLOCK_D': 16, 'BLOCK_C': 64, 'BLOCK_W': 16}
+    blocks = {'BLOCK_E': 32, 'BLOCK_D': 16, 'BLOCK_C': 64, 'BLOCK_W': 16,
+              'BLOCK': 1024}
     target = GPUTarget('cuda', int(sys.argv[1]), 32)
     count = 0
     for name, kernel in KERNELS.items():

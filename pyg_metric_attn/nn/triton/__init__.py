@@ -106,7 +106,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
             edge_bias: Tensor | None, dropout_p: float, seed: int | None,
             need_weights: bool, deterministic: bool, graph: TritonGraph | None
             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Check, prepare and run: ``(out, weights, row state, logit unit)``."""
+    """Check, prepare and run: ``(out, weights, row state, range constants)``."""
     _require_triton()
     check_metric(metric)
     if not 0.0 <= dropout_p <= 1.0:
@@ -139,12 +139,12 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
                   torch.full((1,), int(seed) % (2**31 - 1), device=device,
                              dtype=torch.long))
     tensors = graph.tensors() if deterministic else graph.tensors()[:5]
-    out, stats, _, weights, _, unit = attention(
+    out, stats, _, weights, ranges = attention(
         query.contiguous(), key.contiguous(), value.contiguous(), ts,
         None if edge_bias is None else edge_bias.contiguous(), seed_t, tensors,
         graph.chunk, metric, float(dropout_p), need_weights,
         ts.requires_grad and torch.is_grad_enabled())
-    return out, weights, stats, unit
+    return out, weights, stats, ranges
 
 
 def triton_metric_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -205,10 +205,11 @@ def metric_attention_lse(query: Tensor, key: Tensor, value: Tensor,
     log-sum-exp ``[N_dst, H]``: ``(out, lse, weights)``. ``lse`` is ``-inf``
     on rows without edges and may overflow float32 where the logits do (it
     is ``R m' + log l`` of the row state, see :mod:`.kernels`)."""
-    out, weights, stats, unit = _launch(query, key, value, rowptr, col, metric,
+    out, weights, stats, ranges = _launch(query, key, value, rowptr, col, metric,
                                         time_scale, edge_bias, dropout_p, seed,
                                         need_weights, deterministic, graph)
     largest, log_norm = stats.unbind(-1)
+    unit = ranges[3].double() * ranges[4].double()  # R, in which m' is counted
     lse = torch.where(largest == float('-inf'), float('-inf'),
                       (largest.double() * unit + log_norm).float())
     return out, lse, weights if need_weights else None

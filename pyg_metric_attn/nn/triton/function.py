@@ -90,90 +90,48 @@ class LaunchConfig:
         return dict(DOT=self.dot, DROPOUT=self.dropout_p > 0, WIDE=self.wide)
 
 
-def _power_of_two_above(x: Tensor) -> Tensor:
-    """The smallest power of two >= ``x`` (float64), and at least 1."""
-    return torch.exp2(torch.ceil(torch.log2(x))).clamp_min(1.0)
-
-
-def _finite_abs_max(t: Tensor) -> Tensor:
-    """The largest finite ``|t|`` as a float64 scalar (0 if none): a
-    non-finite entry must not rescale everyone else's logits."""
-    if t.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=t.device)
-    return torch.nan_to_num(t.abs(), nan=0.0, posinf=0.0).amax().double()
-
-
-def range_constants(query: Tensor, key: Tensor, edge_bias: Tensor | None,
-                    time_scale: Tensor, dot: bool) -> tuple[Tensor, Tensor]:
-    """The kernels' float32 ``RANGE`` ``[8]`` and the logit unit ``R``
-    (float64 scalar); device ops, no synchronisation.
-
-    ``(1/c_q, 1/c_k, logit scale, R_a, R_b, 1/R, dq factor, dk factor)``:
-    points are loaded times the powers of two ``1/c_q``, ``1/c_k`` (exact)
-    so that their products fit float32; logits (and the bias) are kept in
-    units of ``R = R_a R_b`` (1 unless :math:`|s|` could exceed
-    :math:`2^{100}`; two factors, as ``R`` itself may exceed float32)."""
-    dim = query.size(-1)
-    big = 2.0 ** 60
-    norm_q = _finite_abs_max(query) * math.sqrt(dim)  # >= every |q_i|
-    norm_k = _finite_abs_max(key) * math.sqrt(dim)
-    t = time_scale.double().reshape(())
-    if dot:
-        c_q = _power_of_two_above(norm_q / big)
-        c_k = _power_of_two_above(norm_k / big)
-        bound = norm_q * norm_k / (math.sqrt(dim) * t.abs())
-        scale = c_q * c_k / (math.sqrt(dim) * t)
-        grad_q, grad_k = c_k / (math.sqrt(dim) * t), c_q / (math.sqrt(dim) * t)
-    else:
-        c_q = c_k = _power_of_two_above((norm_q + norm_k) / big)
-        bound = (norm_q + norm_k).square() / t.abs()
-        scale = c_q * c_k / t
-        grad_q, grad_k = -2.0 * c_q / t, 2.0 * c_q / t
-    if edge_bias is not None:
-        bound = torch.maximum(bound, _finite_abs_max(edge_bias))
-    r = _power_of_two_above(bound / 2.0 ** 100)
-    r_a = _power_of_two_above(r.sqrt())
-    constants = torch.stack([1.0 / c_q, 1.0 / c_k, scale / r, r_a, r / r_a, 1.0 / r,
-                             grad_q, grad_k])
-    return constants.float(), r
-
-
 # ---------------------------------------------------------------- forward
 
 @torch.library.custom_op('pyg_metric_attn::triton_attention', mutates_args=())
 def attention(query: Tensor, key: Tensor, value: Tensor, time_scale: Tensor,
               edge_bias: Tensor | None, seed: Tensor | None, graph: list[Tensor],
               chunk: int, metric: str, dropout_p: float, need_weights: bool,
-              need_mean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
-                                        Tensor]:
-    """``(out, stats, mean, weights, ranges, logit_unit)``: ``out`` ``[N_dst,
+              need_mean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(out, stats, mean, weights, ranges)``: ``out`` ``[N_dst,
     H, C]``; ``stats`` the row state float32 ``[N_dst, H, 2]`` (largest
     logit in range units, ``-inf`` without edges, and the log of the
     normaliser); ``mean`` the mean logit ``[N_dst, H]`` (empty unless
     ``need_mean``); ``weights`` ``[E, H]`` (``[0, H]`` unless
-    ``need_weights``); the range constants."""
+    ``need_weights``); the float32 range constants ``[8]`` (``RANGE`` in
+    :mod:`.kernels`; the logit unit is ``R = ranges[3] ranges[4]``)."""
     g = TritonGraph.from_tensors(graph, key.size(0), chunk)
     n_dst, heads, dim = query.shape
     channels = value.size(-1)
     cfg = LaunchConfig.of(metric, dropout_p, n_dst, g.num_edges, heads, dim, channels)
-    ranges, unit = range_constants(query, key, edge_bias, time_scale, cfg.dot)
     f32 = dict(device=query.device, dtype=torch.float32)
+    ranges = torch.empty(8, **f32)
     out = value.new_empty(n_dst, heads, channels)
     stats = torch.empty(n_dst, heads, 2, **f32)
     mean = torch.empty(n_dst if need_mean else 0, heads, **f32)
     weights = value.new_empty(g.num_edges if need_weights else 0, heads)
     if n_dst == 0:
-        return out, stats, mean, weights, ranges, unit
+        return out, stats, mean, weights, ranges
     kern = kernels()
+    absmax = torch.zeros(3, **f32)  # the largest finite |q|, |k|, |b|
+    for slot, x in enumerate((query, key, edge_bias)):
+        if x is not None and x.numel() > 0:
+            kern['finite_abs_max'][(_cdiv(x.numel(), 1024),)](
+                x, x.numel(), absmax[slot:], BLOCK=1024)
     n_slots = scratch_slots(g.num_edges, chunk)
     part_ml = torch.empty(n_slots, heads, 3, **f32)
     part_acc = torch.empty(n_slots, heads, channels, **f32)
     bias = edge_bias if edge_bias is not None else ranges  # dummy pointers
     seed = seed if seed is not None else ranges
     kern['forward'][(g.rows.n_items, heads)](
-        query, key, value, bias, ranges, seed, g.col, g.rows.items, g.rows.n_items,
-        part_ml, part_acc, out, stats, mean, heads, dim, channels, cfg.dropout_p,
-        cfg.drop_scale, HAS_BIAS=edge_bias is not None, NEED_MEAN=need_mean,
+        query, key, value, bias, absmax, time_scale, ranges, seed, g.col,
+        g.rows.items, g.rows.n_items, part_ml, part_acc, out, stats, mean, heads,
+        dim, channels, cfg.dropout_p, cfg.drop_scale,
+        HAS_BIAS=edge_bias is not None, NEED_MEAN=need_mean,
         BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, BLOCK_C=cfg.block_c,
         num_warps=cfg.num_warps, **cfg.flags())
     if g.rows.n_split > 0:
@@ -187,7 +145,7 @@ def attention(query: Tensor, key: Tensor, value: Tensor, time_scale: Tensor,
             heads, dim, cfg.dropout_p, cfg.drop_scale, HAS_BIAS=edge_bias is not None,
             BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
             **cfg.flags())
-    return out, stats, mean, weights, ranges, unit
+    return out, stats, mean, weights, ranges
 
 
 @attention.register_fake
@@ -199,8 +157,7 @@ def _(query, key, value, time_scale, edge_bias, seed, graph, chunk, metric,
             torch.empty(n_dst, heads, 2, **f32),
             torch.empty(n_dst if need_mean else 0, heads, **f32),
             value.new_empty(graph[1].numel() if need_weights else 0, heads),
-            torch.empty(8, **f32),
-            torch.empty((), device=query.device, dtype=torch.float64))
+            torch.empty(8, **f32))
 
 
 # ---------------------------------------------------------------- backward
@@ -211,7 +168,7 @@ def attention_backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
                        key: Tensor, value: Tensor, time_scale: Tensor,
                        edge_bias: Tensor | None, seed: Tensor | None, out: Tensor,
                        stats: Tensor, mean: Tensor, weights: Tensor, ranges: Tensor,
-                       unit: Tensor, graph: list[Tensor], chunk: int, metric: str,
+                       graph: list[Tensor], chunk: int, metric: str,
                        dropout_p: float, need: list[bool]
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dt, db)``; a gradient not in ``need`` (query, key, value,
@@ -271,6 +228,7 @@ def attention_backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
             g.rows.split, g.rows.n_split, part_dq, dq, heads, dim,
             BLOCK_W=cfg.block_d, num_warps=cfg.num_warps)
     if need_t:  # dt_part sums ds (s0' - mean') in range units: s0 = R s0'
+        unit = ranges[3].double() * ranges[4].double()
         dt = (-dt_part.double().sum() * unit / time_scale.double()).to(
             time_scale.dtype).reshape(time_scale.shape)
     if atomic:
@@ -298,7 +256,7 @@ def attention_backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
 
 @attention_backward.register_fake
 def _(dout, grad_weights, query, key, value, time_scale, edge_bias, seed, out, stats,
-      mean, weights, ranges, unit, graph, chunk, metric, dropout_p, need):
+      mean, weights, ranges, graph, chunk, metric, dropout_p, need):
     return tuple(torch.empty_like(x) if wanted else query.new_empty(0)
                  for x, wanted in zip(
         (query, key, value, time_scale, edge_bias), need, strict=True))
@@ -309,26 +267,26 @@ def _(dout, grad_weights, query, key, value, time_scale, edge_bias, seed, out, s
 def _setup_context(ctx, inputs, output):
     (query, key, value, time_scale, edge_bias, seed, graph, chunk, metric,
      dropout_p, need_weights, _) = inputs
-    out, stats, mean, weights, ranges, unit = output
-    ctx.mark_non_differentiable(stats, mean, ranges, unit)
+    out, stats, mean, weights, ranges = output
+    ctx.mark_non_differentiable(stats, mean, ranges)
     if not need_weights:
         ctx.mark_non_differentiable(weights)
     ctx.save_for_backward(query, key, value, time_scale, edge_bias, seed, out, stats,
-                          mean, weights, ranges, unit, *graph)
+                          mean, weights, ranges, *graph)
     ctx.chunk, ctx.metric, ctx.dropout_p = chunk, metric, dropout_p
     ctx.need_weights = need_weights
 
 
-def _backward(ctx, dout, _dstats, _dmean, dweights, _dranges, _dunit):
+def _backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
     (query, key, value, time_scale, edge_bias, seed, out, stats, mean, weights,
-     ranges, unit, *graph) = ctx.saved_tensors
+     ranges, *graph) = ctx.saved_tensors
     need = list(ctx.needs_input_grad[:5])
     if dout is None:
         dout = torch.zeros_like(out)
     grads = attention_backward(
         dout.contiguous(), dweights.contiguous() if ctx.need_weights and
         dweights is not None else None, query, key, value, time_scale, edge_bias,
-        seed, out, stats, mean, weights, ranges, unit, graph, ctx.chunk, ctx.metric,
+        seed, out, stats, mean, weights, ranges, graph, ctx.chunk, ctx.metric,
         ctx.dropout_p, need)
     return (*(grad if wanted else None for grad, wanted in zip(grads, need,
                                                                strict=True)),

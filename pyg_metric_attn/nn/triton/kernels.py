@@ -32,12 +32,14 @@ kernel) where atomics serialise on hub sources.
 **Range.** Logits are float32 registers, yet may lie beyond float32's range
 (points near 1e20 give :math:`|q|^2 \sim 10^{40}`), where a row would turn
 to NaN or all its weights underflow although its softmax is well defined.
-The points are loaded times powers of two :math:`1/c_q, 1/c_k` (exact), and
-logits and bias are carried in units of a power of two :math:`R = R_a R_b`:
+The points are loaded times powers of two :math:`1/c_q, 1/c_k`, and logits
+and bias are carried in units of a power of two :math:`R = R_a R_b`:
 :math:`p = e^{(s' - m') R_a R_b}` only ever overflows towards ``-inf`` (a
-zero weight). The constants (``RANGE``, see
-:func:`~pyg_metric_attn.nn.triton.function.range_constants`) are 1 unless a
-logit could exceed :math:`2^{100}`.
+zero weight). The powers come from the largest finite ``|q|``, ``|k|``,
+``|b|`` (:func:`finite_abs_max_kernel`, one atomic max per block) and are 1
+unless a logit could exceed :math:`2^{100}`; the forward kernel derives them
+(:func:`_range_constants`) and writes them to ``RANGE`` for the later
+kernels, so no torch op and no host sync computes them.
 
 **Dropout.** ``keep = tl.rand(seed, e * H + h) >= p``: a counter-based
 Philox stream indexed by the CSR edge position and head (int32 counters
@@ -57,6 +59,49 @@ import triton
 import triton.language as tl
 
 # -------------------------------------------------------------- fragments
+
+
+@triton.jit
+def _power_of_two_above(log2_x):
+    """The exponent of the smallest power of two >= ``2^log2_x``, at least 0."""
+    return tl.maximum(tl.ceil(log2_x), 0.0)
+
+
+@triton.jit
+def _range_constants(ABSMAX, TS, D, DOT: tl.constexpr):
+    """The ``RANGE`` constants from the largest finite ``|q|``, ``|k|``, ``|b|``
+    and the time scale (exponents in float32: no product can overflow).
+    Bounds: ``|q_i| <= max|q| sqrt(D)``; logits ``(|q| + |k|)^2 / |t|``
+    (metric) or ``|q| |k| / (sqrt(D) |t|)`` (dot); ``c`` keeps points below
+    ``2^60``, ``R`` logits below ``2^100``."""
+    t = tl.load(TS)
+    half_log_d = 0.5 * tl.log2(D.to(tl.float32))
+    log_q = tl.log2(tl.load(ABSMAX)) + half_log_d
+    log_k = tl.log2(tl.load(ABSMAX + 1)) + half_log_d
+    log_b = tl.log2(tl.load(ABSMAX + 2))
+    log_t = tl.log2(tl.abs(t))
+    if DOT:
+        e_q = _power_of_two_above(log_q - 60.0)
+        e_k = _power_of_two_above(log_k - 60.0)
+        log_bound = log_q + log_k - half_log_d - log_t
+        logit_scale = 1.0 / (tl.sqrt(D.to(tl.float32)) * t)
+        grad_q = tl.exp2(e_k) * logit_scale
+        grad_k = tl.exp2(e_q) * logit_scale
+    else:
+        top = tl.maximum(log_q, log_k)
+        low = tl.minimum(log_q, log_k)
+        log_sum = tl.where(top == float('-inf'), top,
+                           top + tl.log2(1.0 + tl.exp2(low - top)))
+        e_q = _power_of_two_above(log_sum - 60.0)
+        e_k = e_q
+        log_bound = 2.0 * log_sum - log_t
+        logit_scale = 1.0 / t
+        grad_q = -2.0 * tl.exp2(e_q) / t
+        grad_k = 2.0 * tl.exp2(e_q) / t
+    e_r = _power_of_two_above(tl.maximum(log_bound, log_b) - 100.0)
+    e_a = tl.ceil(0.5 * e_r)
+    return (tl.exp2(-e_q), tl.exp2(-e_k), tl.exp2(e_q + e_k - e_r) * logit_scale,
+            tl.exp2(e_a), tl.exp2(e_r - e_a), tl.exp2(-e_r), grad_q, grad_k)
 
 
 @triton.jit
@@ -145,23 +190,44 @@ def _write_row(OUT, STATS, MEAN, row, h, H, C, offs_c, cmask, m_i, l_i, ms_i, ac
 
 
 @triton.jit
-def forward_kernel(Q, K, V, BIAS, RANGE, SEED, COL, SCHED, n_items, PART_ML,
-                   PART_ACC, OUT, STATS, MEAN, H, D, C, p_drop, drop_scale,
+def finite_abs_max_kernel(X, n, ABSMAX, BLOCK: tl.constexpr):
+    """``ABSMAX = max(ABSMAX, largest finite |X|)`` over one block (atomic): a
+    non-finite entry must not rescale everyone else's logits."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.abs(tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32))
+    tl.atomic_max(ABSMAX, tl.max(tl.where(x < float('inf'), x, 0.0), 0))
+
+
+
+@triton.jit
+def forward_kernel(Q, K, V, BIAS, ABSMAX, TS, RANGE, SEED, COL, SCHED, n_items,
+                   PART_ML, PART_ACC, OUT, STATS, MEAN, H, D, C, p_drop, drop_scale,
                    DOT: tl.constexpr, HAS_BIAS: tl.constexpr, DROPOUT: tl.constexpr,
                    WIDE: tl.constexpr, NEED_MEAN: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_C: tl.constexpr):
     """Online softmax over one row (chunk): ``out``, the row state, the mean
-    logit; a chunk of a split row writes ``(m, l, mean, acc)`` to scratch."""
+    logit; a chunk of a split row writes ``(m, l, mean, acc)`` to scratch.
+    The first program publishes the range constants to ``RANGE``."""
     it = tl.program_id(0)
     h = tl.program_id(1)
     row, lo, hi, slot = _item(SCHED, n_items, it)
+    inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _range_constants(
+        ABSMAX, TS, D, DOT)
+    if (it == 0) & (h == 0):
+        tl.store(RANGE, inv_cq)
+        tl.store(RANGE + 1, inv_ck)
+        tl.store(RANGE + 2, scale)
+        tl.store(RANGE + 3, r_a)
+        tl.store(RANGE + 4, r_b)
+        tl.store(RANGE + 5, inv_r)
+        tl.store(RANGE + 6, grad_q)
+        tl.store(RANGE + 7, grad_k)
     if row >= 0:
         offs_d = tl.arange(0, BLOCK_D)
         offs_c = tl.arange(0, BLOCK_C)
         dmask = offs_d < D
         cmask = offs_c < C
-        inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
         q = _vector(Q, row, h, H, D, offs_d, dmask) * inv_cq
         seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
         m_i = tl.full([], float('-inf'), tl.float32)
@@ -412,7 +478,8 @@ def backward_columns_kernel(Q, K, V, BIAS, RANGE, SEED, CSC_ROW, CSC_EDGE, SCHED
 
 #: Every kernel, by name (for launch counting and the compile check).
 KERNELS = {
-    'forward': forward_kernel, 'combine_forward': combine_forward_kernel,
+    'finite_abs_max': finite_abs_max_kernel, 'forward': forward_kernel,
+    'combine_forward': combine_forward_kernel,
     'segment_sum': segment_sum_kernel, 'weights': weights_kernel,
     'backward_rows': backward_rows_kernel,
     'backward_columns': backward_columns_kernel,
