@@ -663,3 +663,23 @@ def test_repeated_step_never_syncs():
     syncs = [op for op in counter.ops if op.split('.')[-1] in (
         '_local_scalar_dense', 'item', 'nonzero', 'unique', '_unique2', 'tolist')]
     assert not syncs and 'pyg_metric_attn.triton_attention_backward' in counter.ops
+
+
+def test_layer_takes_edge_index_in_every_sort_order():
+    """MetricAttentionConv(backend='triton') on PyG's EdgeIndex (unsorted,
+    sorted by row, sorted by column) gives the plain tensor's output: the
+    prepared graph reads the subclasses' plain data."""
+    from torch_geometric import EdgeIndex
+
+    from pyg_metric_attn import MetricAttentionConv
+    g = torch.Generator().manual_seed(18)
+    x = torch.randn(8, 5, generator=g)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(5, 3, heads=2, backend='triton')
+    expected = conv(x, edge_index)
+    for order in (None, 'row', 'col'):
+        index = EdgeIndex(edge_index, sparse_size=(8, 8))
+        if order is not None:
+            index = index.sort_by(order).values
+        torch.testing.assert_close(conv(x, index), expected, rtol=1e-5, atol=1e-6)
