@@ -22,8 +22,9 @@ SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv',
 # Dense suite: SDPA, metric-SDPA (auto form, without the denormal flush, and
 # each form forced) and the naive cdist + softmax.
 DENSE_BASELINE = 'sdpa-dot'
-DENSE_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-sdpa-unflushed',
-                  'metric-key-bias', 'metric-augmented', 'naive-cdist')
+DENSE_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-sdpa-narrow',
+                  'metric-sdpa-unflushed', 'metric-key-bias', 'metric-augmented',
+                  'naive-cdist')
 # Scale suite: TwoLayerNet trained full batch (forward + backward) on uniform
 # and power-law graphs of (nodes, edges) up to 2M / 50M.
 SCALE_BASELINE = 'GATConv'
@@ -99,6 +100,10 @@ def dense_attention(variant: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         return F.scaled_dot_product_attention
     if variant == 'metric-sdpa':
         return lambda q, k, v: functional.dense_metric_attention(q, k, v)[0]
+    if variant == 'metric-sdpa-narrow':  # MetricMultiheadAttention's layout:
+        # a metric width one less than the head, augmented to the head width
+        return lambda q, k, v: functional.dense_metric_attention(
+            q[..., 1:], k[..., 1:], v)[0]
     if variant == 'metric-sdpa-unflushed':  # a fresh process per case
         os.environ[denormals.SWITCH] = '0'
         return dense_attention('metric-sdpa')

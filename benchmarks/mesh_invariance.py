@@ -1,8 +1,11 @@
 """Check that a human_seg model's face predictions do not depend on how the
-mesh files number their vertices, faces and face corners: every mesh of a
-split is renumbered at random (``--renumberings`` times), each copy goes
-through the task's whole preprocessing (operators computed from the
-renumbered file), and the face logits are compared with the original's.
+mesh files number their vertices, faces and face corners (or, with
+``--perturbation rotation``, on the pose): every mesh of a split is
+renumbered (rotated) at random (``--renumberings`` times, by
+:func:`~pyg_metric_attn.geometry.perturb_mesh`), each copy goes through the
+task's whole preprocessing (operators computed from the new file), and the
+face logits are compared with the original's. The accuracy under these and
+the remeshing perturbations: ``pyg-metric-attn experiment human_seg_robust``.
 
     python benchmarks/mesh_invariance.py --root ../shared/datasets/human_seg \
         [--run runs/human_seg/artifacts/metricformer-seed0] [--attention metricformer]
@@ -21,7 +24,7 @@ import torch
 
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
-from pyg_metric_attn.geometry import renumber_mesh
+from pyg_metric_attn.geometry import perturb_mesh
 from pyg_metric_attn.training.segmentation import face_logits
 from pyg_metric_attn.training.trainer import load_best_model
 
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument('--attention', default='metricformer')
     parser.add_argument('--run', help='checkpoint folder of a trained model')
     parser.add_argument('--renumberings', type=int, default=3)
+    parser.add_argument('--perturbation', choices=('renumbering', 'rotation'),
+                        default='renumbering')
     args = parser.parse_args()
     task = HumanSegTask(progress=False)
     torch.manual_seed(0)
@@ -49,18 +54,19 @@ def main() -> None:
             mesh = task.prepare_mesh(pos, face, path.stem)
             logits = face_logits(task.forward(model, mesh), mesh.face)
             for _ in range(args.renumberings):
-                new_pos, new_face, _, face_order = renumber_mesh(pos, face, rng)
+                new_pos, new_face, source_face = perturb_mesh(
+                    pos, face, args.perturbation, rng)
                 new_mesh = task.prepare_mesh(new_pos, new_face, path.stem)
                 new_logits = face_logits(task.forward(model, new_mesh),
                                          new_mesh.face)
-                reference = logits[face_order]
+                reference = logits[source_face]
                 faces += len(face)
                 changed += int((new_logits.argmax(1)
                                 != reference.argmax(1)).sum())
                 largest = max(largest, float((new_logits - reference).abs().max()))
     print(f'{args.attention} ({args.run or "random initialisation"}), '
           f'{len(paths)} {args.split} meshes x {args.renumberings} '
-          f'renumberings: {changed} of {faces} face predictions changed '
+          f'{args.perturbation}s: {changed} of {faces} face predictions changed '
           f'({100 * changed / faces:.2f}%), largest logit change {largest:.2e}')
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pyg_metric_attn.utils.optional import needs_extra
+
 if TYPE_CHECKING:
     from pyg_metric_attn.experiments.task import Task
 
@@ -71,28 +73,12 @@ def _task_flags(args: argparse.Namespace) -> dict[str, Any]:
 def _load_run(args: argparse.Namespace):
     """``(task, model)`` of a run folder written by ``train``, the model
     holding its best checkpoint."""
-    import json
+    from pyg_metric_attn.experiments.run_folder import load_run
 
-    from pyg_metric_attn.experiments import TASKS
-    from pyg_metric_attn.training import load_best_model
-
-    run = Path(args.run)
-    if not (run / 'config.json').is_file():
-        raise FileNotFoundError(f"'{run}' is no run folder of train (no "
-                                f"config.json); give the --out folder of a "
-                                f"train command")
-    config = json.loads((run / 'config.json').read_text())
-    trained_by = config.get('task', 'human_seg')  # folders of before 'task'
-    if trained_by != args.task:
-        raise ValueError(f"'{run}' is a run of the {trained_by} task: "
-                         f"'pyg-metric-attn {args.command} {trained_by} "
-                         f"{run} ...'")
-    options = {**config['options'], **dict(args.option), **_task_flags(args)}
-    task = TASKS[args.task](epochs=config['epochs'], progress=False, **options)
-    model = task.build_model(config['attention'])
-    state = load_best_model(model, run)
-    print(f"{run}: {config['attention']} (seed {config['seed']}), checkpoint of "
-          f"epoch {state.get('epoch') or len(state.get('history', []))}")
+    options = {**dict(args.option), **_task_flags(args)}
+    task, model, description = load_run(args.run, args.task, options,
+                                        args.command)
+    print(description)
     return task, model
 
 
@@ -238,10 +224,14 @@ def _add_task_parsers(command: argparse.ArgumentParser, name: str,
         from pyg_metric_attn.experiments import (
             heat_limit,
             heat_limit_learned,
+            human_seg_robust,
             rank_collapse,
             rank_collapse_trained,
         )
         for analysis, summary in (
+                (human_seg_robust, 'trained human_seg runs scored on perturbed '
+                 'test meshes (remeshed, deformed, rotated, renumbered): '
+                 'accuracy drops and agreement, a plot'),
                 (heat_limit, 'the heat-kernel limit of attention propagation on '
                  'manifolds: errors, best t, fitted slopes, a plot'),
                 (heat_limit_learned, 'the heat-kernel limit under a trained '
@@ -326,7 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        with needs_extra('experiments'):  # the tasks' packages, for their flags
+            parser = build_parser()
+    except ModuleNotFoundError as error:
+        if '--debug' in (sys.argv[1:] if argv is None else argv):
+            raise
+        print(f'error: {error}', file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     root = getattr(args, 'root', None)
     if root is not None and not Path(root).is_dir():

@@ -43,6 +43,9 @@ def test_dense_variants_agree():
     for variant in ('metric-sdpa', 'metric-key-bias', 'metric-augmented'):
         assert torch.allclose(dense_attention(variant)(q, k, v), expected,
                               atol=1e-5)
+    narrow = dense_attention('naive-cdist')(q[..., 1:], k[..., 1:], v)
+    assert torch.allclose(dense_attention('metric-sdpa-narrow')(q, k, v),
+                          narrow, atol=1e-5)
 
 
 def test_markdown_table_has_ratios_to_the_baseline_and_failure_cells():

@@ -65,7 +65,7 @@ def test_sparse_values_are_ignored_without_edge_dim():
     torch.testing.assert_close(conv(x, adj), conv(x, edge_index))
 
 
-@pytest.mark.parametrize('aggr', ['mean', 'max', 'sum'])
+@pytest.mark.parametrize('aggr', ['mean', 'sum', 'add'])
 def test_aggr_is_honoured_on_every_backend(aggr, device):
     x, edge_index, _ = (t.to(device) for t in graph_with_edge_features())
     torch.manual_seed(0)
@@ -75,6 +75,32 @@ def test_aggr_is_honoured_on_every_backend(aggr, device):
                                   backend='scatter').to(device)
     scatter.load_state_dict(fused.state_dict())
     torch.testing.assert_close(fused(x, edge_index), scatter(x, edge_index))
+
+
+@pytest.mark.parametrize('backend', ['fused', 'triton'])
+@pytest.mark.parametrize('aggr', ['max', 'min', 'mul'])
+def test_a_named_backend_refuses_an_aggr_it_does_not_compute(backend, aggr):
+    with pytest.raises(ValueError, match=f"backend='{backend}' computes aggr "
+                                         f"'add', 'sum' or 'mean'.*'{aggr}'"):
+        MetricAttentionConv(8, 4, aggr=aggr, backend=backend)
+
+
+@pytest.mark.parametrize('backend', ['auto', 'scatter'])
+@pytest.mark.parametrize('aggr', ['max', 'min'])
+def test_max_and_min_reduce_the_weighted_messages(backend, aggr):
+    """Against a per-node reduction written out by hand: message
+    ``alpha_ij W_v x_j`` reduced over the in-edges of ``i``."""
+    x, edge_index, _ = graph_with_edge_features()
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, aggr=aggr, bias=False,
+                               backend=backend)
+    out, (looped, alpha) = conv(x, edge_index, return_attention_weights=True)
+    values = conv.lin_value(x).view(-1, 2, 4)
+    reduce = torch.amax if aggr == 'max' else torch.amin
+    for node in range(x.size(0)):
+        edges = (looped[1] == node).nonzero().view(-1)
+        messages = alpha[edges].unsqueeze(-1) * values[looped[0, edges]]
+        torch.testing.assert_close(out[node], reduce(messages, 0).flatten())
 
 
 def test_aggr_mean_divides_by_the_in_degree():

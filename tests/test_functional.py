@@ -87,6 +87,24 @@ def test_peak_memory_grows_linearly_in_length(grad, causal):
     assert largest_allocation(2048, True) / largest_allocation(512, True) >= 15
 
 
+def test_inference_at_a_narrower_metric_width_stays_linear_in_memory():
+    """Metric width 7 beside values of width 8 (MetricMultiheadAttention's
+    default layout), no gradient: the augmented form (8 wide) runs, not the
+    key bias, whose unequal widths would take SDPA's quadratic kernel."""
+    g = torch.Generator().manual_seed(6)
+
+    def largest_allocation(length):
+        q, k = (torch.randn(1, 1, length, 7, generator=g) for _ in range(2))
+        v = torch.randn(1, 1, length, 8, generator=g)
+        with profile(activities=[ProfilerActivity.CPU],
+                     profile_memory=True) as prof:
+            out, _ = dense_metric_attention(q, k, v, 'metric', 0.5)
+        assert rel(out, reference(q, k, v, 'metric', 0.5)[0]) < 1e-5
+        return max(event.self_cpu_memory_usage for event in prof.events())
+
+    assert largest_allocation(2048) / largest_allocation(512) <= 4.5
+
+
 def test_float_mask_and_need_weights_agree_with_reference():
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, 10, 4, generator=g), torch.randn(2, 12, 4, generator=g)
@@ -129,3 +147,35 @@ def test_logits_are_negative_squared_distances():
     q, k = torch.randn(5, 3), torch.randn(6, 3)
     assert torch.allclose(attention_logits(q, k, 'l2', 2.0),
                           -torch.cdist(q, k).square() / 2.0, atol=1e-5)
+
+
+@pytest.mark.parametrize('width', [63, 64])
+@pytest.mark.parametrize('offset', [0.0, 30.0])
+def test_bf16_within_1e_2_of_float64(width, offset):
+    """bfloat16 points at metric widths 63 (the augmented width a native
+    head size) and 64, near and far from the origin: output (at the
+    saturating :math:`t = 1` and at the matched :math:`t = 2 \\sqrt{D}`) and
+    key gradient (at the matched :math:`t`; at :math:`t = 1` the saturated
+    softmax's gradient is off by about 2e-2) within 1e-2 relative of float64
+    on the same rounded inputs, by the key-bias and the augmented form."""
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, 2, 96, width, generator=g).add(offset).bfloat16()
+            for _ in range(2))
+    v = torch.randn(2, 2, 96, 64, generator=g).bfloat16()
+    mask = torch.ones(2, 1, 1, 96, dtype=torch.bool)
+    mask[1, ..., 70:] = False
+    for t in (1.0, 2 * math.sqrt(width)):
+        expected, _ = reference(q, k, v, 'metric', t, mask)
+        with torch.no_grad():
+            out, _ = dense_metric_attention(q, k, v, 'metric', t, attn_mask=mask)
+        assert rel(out, expected) < 1e-2
+        key = k.clone().requires_grad_()
+        out, _ = dense_metric_attention(q, key, v, 'metric', t, attn_mask=mask)
+        assert rel(out.detach(), expected) < 1e-2
+    weight = torch.randn(out.shape, generator=g)
+    grad, = torch.autograd.grad((out * weight.bfloat16()).sum(), key)
+    points = k.double().requires_grad_()
+    expected_grad, = torch.autograd.grad(
+        (reference(q, points, v, 'metric', t, mask)[0] * weight.double()).sum(),
+        points)
+    assert rel(grad, expected_grad) < 1e-2

@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.conv import metric_attention_conv
+from pyg_metric_attn.nn import edge_attention
 from pyg_metric_attn.nn.sparse_attention import sparse_metric_attention
 from pyg_metric_attn.utils.csr import HeadBlockCSR, to_blocks
 from pyg_metric_attn.utils.point_sets import fully_connected_edge_index
@@ -224,7 +224,7 @@ def test_auto_picks_a_path_that_serves_the_call(monkeypatch):
         fused_calls.append(1)
         return sparse_metric_attention(*args, **kwargs)
 
-    monkeypatch.setattr(metric_attention_conv, 'sparse_metric_attention', counting)
+    monkeypatch.setattr(edge_attention, 'sparse_metric_attention', counting)
     expected = conv(x, edge_index)
     assert len(fused_calls) == 1  # CPU float32: fused
     seen = []

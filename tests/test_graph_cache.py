@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.conv import metric_attention_conv
+from pyg_metric_attn.nn import edge_attention
 from pyg_metric_attn.utils import graph_cache
 
 
@@ -24,12 +24,12 @@ def empty_cache():
 def builds(monkeypatch):
     """Counts the CSR views the layer builds."""
     count = {'csr': 0}
-    original = metric_attention_conv.HeadBlockCSR
+    original = edge_attention.HeadBlockCSR
 
     def counting(*args, **kwargs):
         count['csr'] += 1
         return original(*args, **kwargs)
-    monkeypatch.setattr(metric_attention_conv, 'HeadBlockCSR', counting)
+    monkeypatch.setattr(edge_attention, 'HeadBlockCSR', counting)
     return count
 
 
@@ -103,3 +103,47 @@ def test_capacity_bounds_the_cache():
     for edge_index in graphs:
         conv(x, edge_index)
     assert len(graph_cache._entries) == graph_cache.CAPACITY
+
+
+def test_fullgraph_compile_traces_past_the_cache():
+    """Under torch.compile the cache steps aside before it touches the
+    tensor (Dynamo stops at ``is_inference()``), so ``fullgraph=True``
+    compiles the whole layer, cached self-loops included (issue 26, §3)."""
+    edge_index, x = graph(3)
+    conv = MetricAttentionConv(8, 4, heads=2)
+    expected = conv(x, edge_index)  # the graph is cached eagerly
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True, backend='aot_eager')
+    torch.testing.assert_close(compiled(x, edge_index), expected)
+    other, _ = graph(4)
+    torch.testing.assert_close(compiled(x, other), conv(x, other))
+
+
+def test_an_edge_index_is_cached_through_its_data(builds):
+    """A PyG ``EdgeIndex`` enters as its data tensor, the same at every call,
+    so its graph is built once too."""
+    from torch_geometric import EdgeIndex
+    edge_index, x = graph(5)
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    conv = MetricAttentionConv(8, 4, heads=2, backend='fused')
+    for _ in range(3):
+        out = conv(x, index)
+    assert builds['csr'] == 1
+    torch.testing.assert_close(out, fresh_result(conv, x, edge_index))
+
+
+def test_uncached_self_loops_are_built_once_per_call(monkeypatch):
+    """In inference mode nothing is cached; the call still builds its
+    self-looped graph once, for the layer and its CSR alike."""
+    calls = []
+    original = edge_attention.add_self_loops
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(edge_attention, 'add_self_loops', counting)
+    edge_index, x = graph(6)
+    conv = MetricAttentionConv(8, 4, heads=2, backend='fused')
+    with torch.inference_mode():
+        conv(x, edge_index.clone())
+    assert len(calls) == 1

@@ -21,7 +21,8 @@ from pyg_metric_attn.utils.point_sets import farthest_point_sampling
 K = 32  # eigenpairs: enough for the diffusion, cheap to compute
 
 #: (model, task options): the former as the task builds it by default and
-#: with its other global options, and the IPN with every attention.
+#: with its other global options, DiffusionNet, and the IPN with every
+#: attention.
 MODELS = [pytest.param('metricformer', {}, id='former'),
           pytest.param('metricformer', dict(former_global_stride=1),
                        id='former-all-pairs'),
@@ -33,6 +34,7 @@ MODELS = [pytest.param('metricformer', {}, id='former'),
                        id='former-no-gradients'),
           pytest.param('metricformer', dict(former_diffusion=False),
                        id='former-no-diffusion'),
+          pytest.param('diffusionnet', {}, id='diffusionnet'),
           *[pytest.param(attention, {}, id=f'ipn-{attention}')
             for attention in ATTENTIONS]]
 

@@ -162,6 +162,40 @@ def test_short_training_run_loss_falls(synthetic_root, attention, diffusion,
     assert len(final['confusion']) == 8 and len(final['class_acc']) == 8
 
 
+#: A small DiffusionNet on the tiny meshes.
+SMALL_DIFFUSIONNET = dict(diffusionnet_hidden_channels=16,
+                          diffusionnet_num_layers=2, diffusionnet_dropout=0.0)
+
+
+def test_diffusionnet_trains_with_its_step_schedule(synthetic_root):
+    task = HumanSegTask(epochs=6, progress=False,
+                        synthetic_root=str(synthetic_root), lr=1e-2,
+                        step_lr_epochs=2, **SMALL_DIFFUSIONNET, **SMALL)
+    model, trainer = task.fit('diffusionnet', seed=0)
+    losses = [row['train_loss'] for row in trainer.history]
+    assert losses[-1] < 0.8 * losses[0]
+    # Halved after epochs 2, 4 and 6.
+    assert trainer.optimizer.param_groups[0]['lr'] == pytest.approx(1e-2 / 8)
+    assert len(model.blocks) == 2 and model.blocks[0].mlp[0].out_channels == 16
+    with pytest.raises(ValueError, match="'diffusionnet' reads the meshes' "
+                       "eigenpairs"):
+        HumanSegTask(former_diffusion=False, **SMALL).build_model('diffusionnet')
+
+
+def test_diffusionnet_is_selectable_from_the_command_line(synthetic_root,
+                                                          tmp_path):
+    out = tmp_path / 'experiment'
+    options = [arg for key, value in SMALL_DIFFUSIONNET.items()
+               for arg in ('-o', f'{key}={value}')]
+    assert main(['experiment', 'human_seg', '--attention', 'diffusionnet',
+                 '--seeds', '1', '--epochs', '1', '--out', str(out),
+                 '--no-progress', *cli_options(synthetic_root), *options]) == 0
+    record = json.loads((out / 'runs' / 'diffusionnet-seed0.json').read_text())
+    assert record['status'] == 'ok'
+    assert record['task_config']['diffusionnet_hidden_channels'] == 16
+    assert 0 <= record['final']['test_face_acc'] <= 1
+
+
 def test_ipn_value_and_residual_options_reach_metric_layers(synthetic_root):
     task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                         value=True, residual=True, **SMALL)
@@ -184,6 +218,45 @@ def test_xyz_inputs_are_rotated_for_training(synthetic_root):
     assert not torch.allclose(rotated, batch.pos)
     # A rotation per mesh: norms are kept.
     torch.testing.assert_close(rotated.norm(dim=1), batch.pos.norm(dim=1))
+
+
+def test_xyz_inputs_rotate_about_the_up_axis_and_scale(synthetic_root):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        features='xyz', xyz_rotation='up', xyz_scaling=1.5,
+                        **SMALL)
+    batch = Batch.from_data_list(list(task.datasets()[0][:2]))
+    torch.manual_seed(0)
+    moved = task.inputs(batch, augment=True)
+    for mesh in range(2):
+        rows = batch.batch == mesh
+        # One scale per mesh in [1/1.5, 1.5] and a turn about y: the
+        # ratios of y and of the horizontal radius are that scale.
+        scale = moved[rows, 1] / batch.pos[rows, 1]
+        torch.testing.assert_close(scale, scale[:1].expand_as(scale))
+        assert 1 / 1.5 <= scale[0] <= 1.5 and not torch.isclose(
+            scale[0], torch.tensor(1.0))
+        torch.testing.assert_close(moved[rows][:, [0, 2]].norm(dim=1),
+                                   scale[0] * batch.pos[rows][:, [0, 2]].norm(dim=1))
+    with pytest.raises(ValueError, match="need features='xyz'"):
+        HumanSegTask(xyz_rotation='up')
+
+
+def test_training_meshes_are_drawn_from_their_perturbed_copies(synthetic_root):
+    task = HumanSegTask(epochs=1, progress=False,
+                        synthetic_root=str(synthetic_root), augment_copies=1,
+                        augment_perturbations='decimation,jitter', **SMALL)
+    train = task.datasets()[0]
+    augmented = task.augmented(train)
+    assert len(augmented) == len(train) and len(augmented.sources) == 3
+    torch.manual_seed(0)
+    face_counts = {augmented[0].face.size(1) for _ in range(30)}
+    assert train[0].face.size(1) in face_counts and len(face_counts) == 2
+    assert 'source_face' not in augmented[0]  # only what all meshes hold
+    assert (Path(train.processed_root) / 'augmentation').is_dir()
+    _, trainer = task.fit('metric', seed=0)
+    assert np.isfinite(trainer.history[-1]['train_loss'])
+    with pytest.raises(ValueError, match="'augment_perturbations' must name"):
+        HumanSegTask(augment_perturbations='twist')
 
 
 def test_hks_time_jitter_rescales_training_inputs_only(synthetic_root):
@@ -468,3 +541,29 @@ def test_segmentation_meter_keeps_a_loss_of_zero():
     without = SegmentationMeter(2)
     without.update(torch.zeros(3, 2), batch)
     assert 'loss' not in without.compute()
+
+
+def test_synthetic_data_go_to_the_data_folder_and_are_named(tmp_path, monkeypatch,
+                                                          capsys):
+    """Without --root the humanoids go to $PYG_METRIC_ATTN_DATA (default
+    ~/.cache/pyg-metric-attn) or --processed-dir, never to the working
+    directory, and the task says where."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('PYG_METRIC_ATTN_DATA', str(tmp_path / 'data'))
+    HumanSegTask(progress=False, synthetic_train=1, synthetic_test=1,
+                 num_workers=1, k=32).datasets()
+    folder = tmp_path / 'data' / 'synthetic_humans'
+    assert list(folder.rglob('train_1_seed0.pt')), list(tmp_path.rglob('*'))
+    assert not (tmp_path / 'datasets').exists()
+    assert f'synthetic humanoids in {folder}' in capsys.readouterr().out
+
+    assert HumanSegTask(processed_dir='elsewhere').synthetic_root == Path(
+        'elsewhere')
+    monkeypatch.delenv('PYG_METRIC_ATTN_DATA')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    assert HumanSegTask().synthetic_root == (tmp_path / 'cache' / 'pyg-metric-attn'
+                                             / 'synthetic_humans')
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    assert HumanSegTask().synthetic_root == (tmp_path / 'home' / '.cache'
+                                             / 'pyg-metric-attn' / 'synthetic_humans')

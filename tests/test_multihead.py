@@ -19,7 +19,7 @@ def naive(mha: MetricMultiheadAttention, query, key, value, blocked=None):
     """Float64 per-head loop from the raw weights; ``blocked`` [B, L, S] bool."""
     mha = copy.deepcopy(mha).double()
     query, key, value = query.double(), key.double(), value.double()
-    H, D = mha.num_heads, mha.head_dim
+    H, D, C = mha.num_heads, mha.metric_channels, mha.head_dim
 
     def phi(module, u):
         if isinstance(module, (torch.nn.Linear, PyGLinear)):  # 'dot', 'l2'
@@ -34,7 +34,8 @@ def naive(mha: MetricMultiheadAttention, query, key, value, blocked=None):
     v = value @ mha.v_proj.weight.T + mha.v_proj.bias
     heads = []
     for h in range(H):
-        qh, kh, vh = (t[..., h * D:(h + 1) * D] for t in (q, k, v))
+        qh, kh = (t[..., h * D:(h + 1) * D] for t in (q, k))
+        vh = v[..., h * C:(h + 1) * C]
         if mha.metric == 'dot':
             logits = qh @ kh.transpose(1, 2) / math.sqrt(D)
         else:
@@ -188,3 +189,59 @@ def test_dense_graph_mode_on_a_pyg_batch_with_gradients(metric):
         assert rel(out[start:start + n], expected) < 1e-5
         assert rel(x.grad[start:start + n], points.grad[0]) < 1e-5
         start += n
+
+
+@pytest.mark.parametrize('metric,default', [('metric', 7), ('l2', 7), ('dot', 8)])
+@pytest.mark.parametrize('old_width', [False, True])
+def test_metric_width_per_head_and_gradients(metric, default, old_width):
+    """The metric space is one coordinate narrower than the head by default
+    (``metric_channels=head_dim`` keeps the old width); either way, with
+    padding and a causal mask, output and input gradients equal float64."""
+    torch.manual_seed(7)
+    width = 8 if old_width else None
+    mha = MetricMultiheadAttention(32, 4, metric=metric, time_scale=2.0,
+                                   metric_channels=width)
+    assert mha.metric_channels == (8 if old_width else default)
+    assert mha.query_map(torch.randn(1, 32)).shape == (1, 4 * mha.metric_channels)
+    x = torch.randn(2, 11, 32, requires_grad=True)
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[1, 8:] = True
+    out, _ = mha(x, x, x, key_padding_mask=padding, is_causal=True,
+                 need_weights=False)
+    points = x.detach().double().requires_grad_()
+    blocked = padding.view(2, 1, 11) | torch.ones(11, 11, dtype=torch.bool).triu(1)
+    expected = naive(mha, points, points, points, blocked)
+    weight = torch.randn(out.shape)
+    grad, = torch.autograd.grad((out * weight).sum(), x)
+    expected_grad, = torch.autograd.grad((expected * weight.double()).sum(),
+                                         points)
+    assert rel(out, expected) < 1e-5
+    assert rel(grad, expected_grad) < 1e-5
+
+
+@pytest.mark.parametrize('width,augmented', [(None, 64), (64, 65)])
+def test_augmented_width_is_the_head_width_by_default(monkeypatch, width,
+                                                      augmented):
+    """Heads of 64: the augmented points ``[phi, |phi|^2]`` reach SDPA 64 wide
+    (a native flash head size) by default, 65 with the old metric width
+    (padded to 72 off CPU); values keep the head width."""
+    widths = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, **kwargs):
+        widths.append((query.size(-1), key.size(-1), value.size(-1)))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention',
+                        recording)
+    mha = MetricMultiheadAttention(128, 2, metric_channels=width)
+    x = torch.randn(1, 5, 128)
+    out, _ = mha(x, x, x, need_weights=False)  # training: the augmented form
+    assert widths == [(augmented, augmented, augmented)]
+    assert out.shape == (1, 5, 128)
+
+
+def test_metric_width_errors():
+    with pytest.raises(ValueError, match="'metric_channels' must be positive"):
+        MetricMultiheadAttention(8, 2, metric_channels=0)
+    assert MetricMultiheadAttention(2, 2).metric_channels == 1  # heads of 1

@@ -14,6 +14,7 @@ import pyg_metric_attn.nn
 from pyg_metric_attn.experiments.tasks.planetoid import GATNet
 from pyg_metric_attn.nn import (
     IPN,
+    DiffusionNet,
     HeatDiffusion,
     MetricAttentionalAggregation,
     MetricAttentionConv,
@@ -72,6 +73,7 @@ BUILDERS = {
                                                   gradients=True),
     'former': lambda: MetricMeshFormer(3, 2, hidden_channels=8, num_layers=2,
                                        heads=2, diffusion=True, gradients=True),
+    'diffusion_net': lambda: DiffusionNet(3, 2, hidden_channels=8, num_layers=2),
     'encoder_layer': lambda: MetricTransformerEncoderLayer(8, 2, 16),
     'decoder_layer': lambda: MetricTransformerDecoderLayer(8, 2, 16),
     'transformer': lambda: MetricTransformer(11, 13, 8, 2, 1, 1, 16,

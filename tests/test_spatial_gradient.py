@@ -12,7 +12,7 @@ from pyg_metric_attn.datasets import mesh_data
 from pyg_metric_attn.geometry import gradient_operators
 from pyg_metric_attn.nn import SpatialGradientFeatures
 from pyg_metric_attn.nn.models import MetricMeshFormer
-from pyg_metric_attn.nn.spatial_gradient import vertex_gradients
+from pyg_metric_attn.nn.spatial_gradient import TangentGradient, vertex_gradients
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 PREPROCESS = MeshPreprocessing(k=16, hks_count=4, spectral_basis=16,
@@ -75,6 +75,11 @@ def test_bad_inputs_are_named():
         vertex_gradients(h, index, torch.randn(2, 2))
     with pytest.raises(ValueError, match="'grad_weight' must have shape"):
         vertex_gradients(h, index, torch.randn(2, 3))
+    with pytest.raises(IndexError, match="negative index -1"):
+        vertex_gradients(h, torch.tensor([[0, 1], [1, -1]]), torch.randn(2, 2))
+    with pytest.raises(ValueError, match="'h' must have shape \\[4, C\\]"):
+        TangentGradient.from_batch(index.clamp(max=3), torch.randn(2, 2),
+                                   4).apply(torch.randn(5, 3))
     with pytest.raises(ValueError, match="'gradients' must have shape"):
         SpatialGradientFeatures(3)(torch.randn(4, 3, 2))
     with pytest.raises(ValueError, match="needs 'diffusion=True'"):
@@ -99,3 +104,14 @@ def test_former_with_gradient_features_uses_them():
                   data_list[1].evecs, data_list[1].evals, data_list[1].mass,
                   data_list[1].grad_index, data_list[1].grad_weight)
     assert torch.allclose(alone, out[batch.batch == 1], atol=1e-5)
+
+
+def test_gradients_apply_under_autocast():
+    """The sparse product runs in float32 also where autocast would cast it
+    to bfloat16 (which the CSR kernels do not take)."""
+    gradient = TangentGradient.from_batch(torch.tensor([[0, 1, 2], [1, 2, 0]]),
+                                          torch.randn(3, 2), 3)
+    h = torch.randn(3, 4)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = gradient.apply(h)
+    torch.testing.assert_close(out, gradient.apply(h))

@@ -87,7 +87,8 @@ def test_matched_time_scale_and_bad_arguments():
     assert matched_time_scale('dot', 64) == 1.0
     assert matched_time_scale('metric', 64) == matched_time_scale('l2', 64) == 16.0
     model = tiny_model('l2')
-    assert model.decoder_layers[0].cross_attn.time_scale == 2 * math.sqrt(8)
+    # D: the metric width per head, one less than the head width (8)
+    assert model.decoder_layers[0].cross_attn.time_scale == 2 * math.sqrt(7)
     with pytest.raises(ValueError, match='one vocabulary'):
         MetricTransformer(10, 12, 16, 2, share_embeddings=True)
     with pytest.raises(ValueError, match='divisible'):
@@ -108,15 +109,18 @@ def test_every_attention_module_takes_the_matched_time_scale(metric):
     wide = MetricAttentionConv(6, 4, metric=metric, metric_channels=9,
                                time_scale='matched')
     assert wide.time_scale == (1.0 if metric == 'dot' else 6.0)
+    # The dense layers' D is their metric width: one less than the head's
+    # (4) for the distance metrics.
+    dense_matched = 1.0 if metric == 'dot' else 2 * math.sqrt(3)
     mha = MetricMultiheadAttention(12, 3, metric=metric, time_scale='matched')
-    assert mha.time_scale == matched
+    assert mha.time_scale == dense_matched
     former = MetricMeshFormer(5, 2, hidden_channels=8, heads=2, metric=metric,
                               time_scale='matched', learn_time_scale=False)
     assert former.blocks[0].local.time_scale == matched
-    assert former.blocks[0].global_attention.time_scale == matched
+    assert former.blocks[0].global_attention.time_scale == dense_matched
     model = MetricTransformer(10, 10, 8, 2, 1, 1, 16, attention=metric,
                               time_scale='matched')
-    assert model.encoder_layers[0].self_attn.time_scale == matched
+    assert model.encoder_layers[0].self_attn.time_scale == dense_matched
     if metric != 'dot':  # pooling scores by a distance only
         pool = MetricAttentionalAggregation(6, 3, metric=metric,
                                             metric_channels=4,

@@ -1,5 +1,5 @@
 """Data sets: the human segmentation benchmark, any folder of meshes,
-procedural humanoids, MNIST (IDX files) and its digits as point clouds of
+procedural humanoids, perturbed copies of meshes, MNIST (IDX files) and its digits as point clouds of
 their ink pixels, Multi30k with its subword tokenizer, and a synthetic
 node-classification graph (stochastic block model).
 
@@ -25,6 +25,7 @@ _MODULES = {
     'MeshFolder': 'mesh_folder',
     'MNIST': 'mnist',
     'MNISTPointClouds': 'mnist_point_clouds',
+    'PerturbedMeshes': 'perturbed_meshes', 'RandomCopies': 'perturbed_meshes',
     'Multi30k': 'multi30k',
     'stochastic_block_graph': 'stochastic_block',
     'SPECIAL_TOKENS': 'subword', 'SubwordTokenizer': 'subword',

@@ -48,7 +48,8 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
               face_labels: np.ndarray | None = None,
               edge_labels: np.ndarray | None = None,
               edge_soft_labels: np.ndarray | None = None,
-              vertex_labels: np.ndarray | None = None) -> Data:
+              vertex_labels: np.ndarray | None = None,
+              source_face: np.ndarray | None = None) -> Data:
     r"""One mesh as read, with its labels, as a PyG
     :class:`~torch_geometric.data.Data` (for
     :class:`~pyg_metric_attn.transforms.MeshPreprocessing`, which adds what the
@@ -63,7 +64,9 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
     (``[E, C]`` booleans: the classes with a positive soft label, as MeshCNN
     reads ``.seseg`` files) and ``vertex_y``. Without face labels, ``y`` is
     the majority of the face's three edge labels, else of its three vertex
-    labels (ties: the smallest label).
+    labels (ties: the smallest label). ``source_face`` ``[F]``, where given:
+    the face of another mesh each face stems from (a perturbed copy's
+    correspondence, see :func:`~pyg_metric_attn.geometry.perturb_mesh`).
     """
     pos = np.asarray(pos, dtype=np.float64)
     face = np.asarray(face, dtype=np.int64)
@@ -98,6 +101,9 @@ def mesh_data(pos: np.ndarray, face: np.ndarray, name: str,
             face_labels = majority_label(vertex_labels[face])
     if face_labels is not None:
         data.y = torch.from_numpy(check_count(face_labels, len(face), 'face'))
+    if source_face is not None:
+        data.source_face = torch.from_numpy(check_count(source_face, len(face),
+                                                        'face'))
     return data
 
 

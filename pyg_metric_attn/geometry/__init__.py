@@ -1,6 +1,7 @@
 r"""DiffusionNet-style geometry of triangle meshes, one function per operator
 with explicit arguments: normalisation, Laplacians, eigenpairs, heat kernel
-signatures, tangent gradients, and a content-keyed operator cache
+signatures, tangent gradients, perturbed copies of a mesh (remeshed,
+deformed, rotated, renumbered), and a content-keyed operator cache
 (:class:`~pyg_metric_attn.transforms.MeshPreprocessing` composes them)."""
 from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
 from pyg_metric_attn.geometry.gradients import (
@@ -27,6 +28,13 @@ from pyg_metric_attn.geometry.mesh import (
     renumber_mesh,
     vertex_to_face_averaging,
 )
+from pyg_metric_attn.geometry.perturbations import (
+    PERTURBATIONS,
+    decimate,
+    loop_subdivision,
+    nearest_faces,
+    perturb_mesh,
+)
 from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
@@ -34,11 +42,12 @@ from pyg_metric_attn.geometry.spectral import (
 )
 
 __all__ = [
-    'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
+    'PERTURBATIONS', 'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
-    'hks_times', 'is_edge_manifold', 'laplacian', 'mesh_edges',
-    'normalize_positions', 'operator_cache_key', 'renumber_mesh',
+    'decimate', 'hks_times', 'is_edge_manifold', 'laplacian',
+    'loop_subdivision', 'mesh_edges', 'nearest_faces', 'normalize_positions',
+    'operator_cache_key', 'perturb_mesh', 'renumber_mesh',
     'tangent_frames', 'tufted_laplacian', 'vertex_fan_counts', 'vertex_normals',
     'vertex_to_face_averaging',
 ]

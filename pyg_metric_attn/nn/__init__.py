@@ -8,6 +8,8 @@ from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion
 from pyg_metric_attn.nn.models import (
     IPN,
+    DiffusionNet,
+    DiffusionNetConfig,
     MetricMeshFormer,
     MetricMeshFormerConfig,
     MetricTransformer,
@@ -17,7 +19,8 @@ from pyg_metric_attn.nn.pseudo_metric import ResidualTanhMLP
 from pyg_metric_attn.nn.spatial_gradient import SpatialGradientFeatures
 from pyg_metric_attn.nn.time_scale import TimeScale, matched_time_scale
 
-__all__ = ['HeatDiffusion', 'IPN', 'MetricAttentionConv',
+__all__ = ['DiffusionNet', 'DiffusionNetConfig', 'HeatDiffusion', 'IPN',
+           'MetricAttentionConv',
            'MetricAttentionalAggregation', 'MetricMeshFormer',
            'MetricMeshFormerConfig', 'MetricMultiheadAttention',
            'MetricTransformer', 'PointSetClassifier', 'ResidualTanhMLP',

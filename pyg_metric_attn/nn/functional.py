@@ -1,15 +1,10 @@
 r"""Dense (all-pairs) metric-attention on top of
 :func:`torch.nn.functional.scaled_dot_product_attention`.
 
-For ``'metric'`` and ``'l2'`` the logits are :math:`-\|q_i - k_j\|^2 / t`.
-Expanding the square, :math:`\|q_i\|^2` is constant along a softmax row and
-drops out, so
-
-.. math::
-    \mathrm{softmax}_j\!\left(-\|q_i - k_j\|^2 / t\right)
-    = \mathrm{softmax}_j\!\left((2\, q_i^\top k_j - \|k_j\|^2) / t\right),
-
-which is SDPA with ``scale = 2/t``, fed in one of two ways:
+For ``'metric'`` and ``'l2'`` the logits :math:`-\|q_i - k_j\|^2 / t` enter
+the softmax in their expanded form :math:`(2\, q_i^\top k_j - \|k_j\|^2) / t`
+(:mod:`~pyg_metric_attn.nn.logits`), SDPA with ``scale = 2/t`` fed in one
+of two ways:
 
 * **key bias**: an additive per-key bias :math:`-\|k_j\|^2/t` as a broadcast
   ``attn_mask`` of shape ``[..., 1, L_k]``;
@@ -21,33 +16,30 @@ Which form, measured on CPU (torch 2.13; ``BENCHMARKS.md``): the flash kernel
 takes a mask, but a mask that requires grad drops SDPA to its quadratic math
 kernel, its backward is 2-3x slower with any mask, and ``is_causal`` cannot be
 combined with a mask. So the key bias serves inference (no gradient, not
-causal), where it runs at SDPA-dot speed; training and causal calls take the
-augmented form, whose flash backward also gives the keys their gradient. Off
-CPU the augmented form always runs (GPU flash kernels take no mask), its head
-width padded to a multiple of 8; that choice is untimed (no GPU was
-available). ``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
+causal, metric width equal to the value width), where it runs at SDPA-dot
+speed; training and causal calls, and metric widths other than the value
+width, take the augmented form, whose flash backward also gives the keys
+their gradient. Off CPU the augmented form always runs (GPU flash kernels
+take no mask). Its
+width is the metric width plus one; query, key and value are zero-padded to
+one width (a multiple of 8 off CPU), so a metric width one less than the
+value width pads nothing and runs the kernel of the value width: on an H100
+(bf16, issue 27) a metric width of 64 (65, padded to 72, ran cuDNN's 128-wide
+kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
+63 1.09-1.89x. :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`
+therefore defaults to it. The augmentation (norm, concatenation) stays plain
+tensor ops, which :func:`torch.compile` fuses into its graph with the
+``'fast'`` precision policy. ``'dot'`` is plain SDPA with
+``scale = 1/(sqrt(D) t)``.
 
-Precision. Distances are translation invariant, so ``q`` and ``k`` are first
-shifted by the mean of the keys of their own softmax (each batch element and
-head), counting only keys that some query may attend to and that are finite:
-sets far apart (graphs of a mini-batch around ``+c`` and ``-c``), padding and
-a NaN or infinite key do not move a centre, so a non-finite point stays in
-its own batch element (within it, a non-finite value reaches every query
-through ``weights @ value``, as in any dense attention). Keys no query may
-attend to are zeroed. The expanded form then still rounds each logit by about
-:math:`u \sqrt{D} (\max\|q\| + \max\|k\|)^2 / t` for the centred points
-(``u``: the unit roundoff of float32, or of float64 for float64 inputs; for
-``'dot'`` :math:`u \max\|q\| \max\|k\| / t`), because it cancels large
-terms. Where
-this estimate exceeds ``LOGIT_ROUNDING_TOLERANCE`` (``1e-3``; e.g. spread-out
-points, points so large that the expanded form would overflow, or an
-infinite point) the call
-takes the exact path instead: explicit logits from direct differences in
-float64, which are finite for all finite inputs but store the
-``L_q x L_k`` matrix. Under :func:`torch.compile` the check is a
-data-dependent decision, so it runs eagerly between two compiled graphs (one
-graph break per call; ``torch.compile(fullgraph=True)`` therefore rejects the
-distance metrics' dense path).
+Precision. Queries and keys are centred on the mean of the keys of their own
+softmax (each batch element and head, counting only keys that some query
+may attend to and that are finite); keys no query may attend to are
+zeroed. Whether the expanded form is then accurate enough, and what runs
+where it is not, is the policy ``precision`` of
+:mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (one host read per call,
+the exact path of explicit float64 logits where needed) or ``'fast'`` (no
+check, no synchronisation, one graph under :func:`torch.compile`).
 
 Denormals. The very negative distance logits make the softmax produce
 denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
@@ -56,60 +48,25 @@ all intra-op worker threads (:mod:`pyg_metric_attn.utils.denormals`).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_metric_attn.nn.logits import (
+    attention_logits,
+    centred,
+    check_precision,
+    expanded_logits_are_accurate,
+    logit_scale,
+)
 from pyg_metric_attn.nn.normalization import (
     check_normalization,
     normalize_dense_logits,
 )
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.denormals import denormals_flushed, flush_in_backward
-
-# The largest estimated rounding error of a fused (SDPA) logit that is accepted;
-# above it the exact path runs (see the module docstring).
-LOGIT_ROUNDING_TOLERANCE = 1e-3
-
-
-def attention_logits(query: Tensor, key: Tensor, metric: str,
-                     time_scale: float | Tensor = 1.0) -> Tensor:
-    r"""The explicit ``[..., L_q, L_k]`` logit matrix (no masking); distances
-    come from direct differences, so large offsets cost no precision."""
-    check_metric(metric)
-    if metric == 'dot':
-        return query @ key.transpose(-1, -2) / (math.sqrt(query.size(-1))
-                                                 * time_scale)
-    distance = torch.cdist(query, key,
-                           compute_mode='donot_use_mm_for_euclid_dist')
-    return -distance.square() / time_scale
-
-
-def centred(query: Tensor, key: Tensor, dim: int = -2,
-            mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Shift queries and keys by the mean key along ``dim`` (a constant for
-    autograd): distances are unchanged, the expanded form
-    ``|q|^2 - 2 q.k + |k|^2`` loses no precision to large offsets.
-
-    Only finite keys count (a NaN or infinite key does not move the centre),
-    and with ``mask`` (boolean, broadcastable to ``key`` with size 1 in the
-    last dimension) only the keys where it is :obj:`True`; with no key left
-    the centre is zero."""
-    key_data = key.detach()
-    # A key counts where its coordinate sum is finite (cheaper than checking
-    # each coordinate; a finite key whose sum overflows just does not count).
-    counted = key_data.sum(-1, keepdim=True).isfinite()
-    if mask is not None:
-        counted = counted & mask
-    count = counted.sum(dim, keepdim=True).clamp(min=1)
-    # Divide before summing: no overflow even for keys near the dtype's max.
-    centre = torch.where(counted, key_data, 0).div_(count).sum(dim, keepdim=True)
-    shifted_key = key - centre
-    # Self-attention with a tied map: shift once (and keep `query is key`).
-    return (shifted_key if query is key else query - centre), shifted_key
 
 
 def dense_metric_attention(
@@ -124,6 +81,7 @@ def dense_metric_attention(
     need_weights: bool = False,
     normalization: str = 'row',
     sinkhorn_iterations: int = 3,
+    precision: str = 'checked',
 ) -> tuple[Tensor, Tensor | None]:
     r"""All-pairs attention ``softmax(logits + mask) @ value``.
 
@@ -148,6 +106,10 @@ def dense_metric_attention(
             (:math:`O(L_q L_k)` memory) and leave masked entries out of
             every normalisation.
         sinkhorn_iterations (int): Column-then-row steps of ``'sinkhorn'``.
+        precision (str): ``'checked'`` (an exact path where the fused logits
+            would round by more than the tolerance; one host read per call)
+            or ``'fast'`` (no check: no synchronisation, one graph under
+            :func:`torch.compile`); see :mod:`~pyg_metric_attn.nn.logits`.
 
     Returns:
         ``(output [..., L_q, C], weights or None)``. A query row that may
@@ -156,19 +118,21 @@ def dense_metric_attention(
     """
     check_metric(metric)
     check_normalization(normalization, sinkhorn_iterations)
+    check_precision(precision)
     if metric != 'dot':
         attended = _attended_keys(attn_mask)
         query, key = centred(query, key, mask=attended)
         if attended is not None:
             key = torch.where(attended, key, 0)
-    exact = not expanded_logits_are_accurate(query, key, metric, time_scale)
+    exact = precision == 'checked' and not expanded_logits_are_accurate(
+        query, key, metric, time_scale)
     if need_weights or exact or normalization != 'row':
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
                                            attn_mask, is_causal, dropout_p, exact,
                                            normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
     if metric == 'dot':
-        scale = 1.0 / (math.sqrt(query.size(-1)) * time_scale)
+        scale = logit_scale(metric, query.size(-1), time_scale)
         return _sdpa(query, key, value, scale, attn_mask, is_causal,
                      dropout_p), None
     if _needs_augmented_form(query, key, value, time_scale, is_causal):
@@ -189,39 +153,15 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
     return allowed.unsqueeze(-1)
 
 
-@torch.compiler.disable
-def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
-                                 time_scale: float | Tensor) -> bool:
-    """Whether the estimated rounding error of the fused logits (see the
-    module docstring) is within ``LOGIT_ROUNDING_TOLERANCE`` (an infinite
-    point or an overflowing norm reads as inaccurate). A data-dependent
-    decision, so it runs eagerly under :func:`torch.compile` (one graph
-    break)."""
-    rounding = torch.finfo(torch.promote_types(query.dtype,
-                                               torch.float32)).eps / 2
-    key_norm = _largest_norm(key)
-    query_norm = key_norm if query is key else _largest_norm(query)
-    if metric == 'dot':
-        error = query_norm * key_norm
-    else:
-        error = math.sqrt(query.size(-1)) * (query_norm + key_norm) ** 2
-    time_scale = float(torch.as_tensor(time_scale).detach())
-    return rounding * error <= LOGIT_ROUNDING_TOLERANCE * abs(time_scale)
-
-
-def _largest_norm(points: Tensor) -> float:
-    """The largest Euclidean norm of a point (rows along the last dimension),
-    ignoring NaN rows; infinite entries and overflowing norms count as the
-    dtype's largest value. 0 without any point."""
-    norms = torch.linalg.vector_norm(points.detach(), dim=-1)
-    return float(norms.nan_to_num(nan=0.0).max()) if norms.numel() else 0.0
-
-
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
                           time_scale: float | Tensor, is_causal: bool) -> bool:
     """Whether the augmented form is the faster fused one (see module
-    docstring): off CPU, causal, or whenever a gradient is needed."""
-    if key.device.type != 'cpu' or is_causal:
+    docstring): off CPU, causal, whenever a gradient is needed, or where
+    the metric width differs from the value width (the CPU flash kernel
+    needs one width for query, key and value; the key bias would get the
+    quadratic math kernel)."""
+    if (key.device.type != 'cpu' or is_causal
+            or query.size(-1) != value.size(-1)):
         return True
     return torch.is_grad_enabled() and any(
         isinstance(t, Tensor) and t.requires_grad
@@ -232,28 +172,50 @@ def _key_bias_sdpa(query: Tensor, key: Tensor, value: Tensor,
                    time_scale: float | Tensor, attn_mask: Tensor | None,
                    dropout_p: float) -> Tensor:
     r"""SDPA with ``scale = 2/t`` and the key bias :math:`-\|k_j\|^2/t`
-    added to ``attn_mask``."""
-    key_bias = -key.square().sum(-1).unsqueeze(-2) / time_scale  # [..., 1, L_k]
+    (:func:`_key_norms`) added to ``attn_mask``."""
+    key_bias = -_key_norms(key).transpose(-1, -2) / time_scale  # [..., 1, L_k]
+    key_bias = key_bias.to(key.dtype)
     mask = _combine_masks(key_bias, attn_mask, False, query.size(-2),
                           key.size(-2))
-    return _sdpa(query, key, value, 2.0 / time_scale, mask, False, dropout_p)
+    return _sdpa(query, key, value, logit_scale('metric', 0, time_scale), mask,
+                 False, dropout_p)
 
 
 def _augmented_sdpa(query: Tensor, key: Tensor, value: Tensor,
                     time_scale: float | Tensor, attn_mask: Tensor | None,
                     is_causal: bool, dropout_p: float) -> Tensor:
     r"""Plain SDPA on :math:`q' = [q, -\tfrac12]`, :math:`k' = [k,
-    \|k\|^2]` with ``scale = 2/t``; query, key and value are zero-padded to
-    one head width (the fused kernels need equal widths)."""
+    \|k\|^2]` (:func:`_key_norms`) with ``scale = 2/t``; query, key and
+    value are zero-padded to one head width (the fused kernels need equal
+    widths: none is padded where the metric width is one less than the
+    value width, as in
+    :class:`~pyg_metric_attn.nn.dense.multihead.MetricMultiheadAttention`)."""
     width = max(query.size(-1) + 1, value.size(-1))
     if query.device.type != 'cpu':
         width = -(-width // 8) * 8
     query = torch.cat([query, query.new_full((*query.shape[:-1], 1), -0.5)], -1)
-    key = torch.cat([key, key.square().sum(-1, keepdim=True)], -1)
+    key = torch.cat([key, _key_norms(key).to(key.dtype)], -1)
     padded = [t if t.size(-1) == width else F.pad(t, (0, width - t.size(-1)))
               for t in (query, key, value)]  # (F.pad would copy even by 0)
-    out = _sdpa(*padded, 2.0 / time_scale, attn_mask, is_causal, dropout_p)
+    out = _sdpa(*padded, logit_scale('metric', 0, time_scale), attn_mask,
+                is_causal, dropout_p)
     return out[..., :value.size(-1)]
+
+
+def _key_norms(key: Tensor) -> Tensor:
+    r"""The key term :math:`\|k_j\|^2` ``[..., L_k, 1]``, summed in at least
+    float32 and shifted by the mean over the keys of its finite values (a
+    constant along each softmax row, so the weights do not change): the
+    shifted terms are smaller and round less when they enter a low-precision
+    SDPA (in bfloat16 about 3x less relative error at :math:`t = 1`)."""
+    norms = torch.linalg.vector_norm(
+        key, dim=-1, keepdim=True,
+        dtype=torch.promote_types(key.dtype, torch.float32)).square()
+    finite = norms.detach().isfinite()
+    # Divide before summing: no overflow.
+    shift = torch.where(finite, norms.detach() / key.size(-2), 0).sum(
+        -2, keepdim=True)
+    return norms - shift
 
 
 def _sdpa(query: Tensor, key: Tensor, value: Tensor, scale: float | Tensor,

@@ -177,6 +177,24 @@ def normalize_edge_logits(
     raise AssertionError  # unreachable: check_normalization raised
 
 
+def attention_weights(logits: Tensor, edge_bias: Tensor | None,
+                      dropout_mask: Tensor | None, normalization: str,
+                      dst: Tensor, src: Tensor, num_dst: int, num_src: int,
+                      edge_graph: Tensor | None = None,
+                      sinkhorn_iterations: int = 3,
+                      ptr: Tensor | None = None) -> Tensor:
+    r"""Attention weights ``[E, H]`` of a graph layer: the logits plus
+    ``edge_bias`` (``[E, H]``), normalised by :func:`normalize_edge_logits`,
+    times ``dropout_mask`` (``[E, H]``, attention dropout). Other arguments
+    as :func:`normalize_edge_logits`."""
+    if edge_bias is not None:
+        logits = logits + edge_bias.to(logits.dtype)
+    alpha = normalize_edge_logits(
+        logits, normalization, dst, src, num_dst, num_src, edge_graph,
+        sinkhorn_iterations=sinkhorn_iterations, ptr=ptr)
+    return alpha if dropout_mask is None else alpha * dropout_mask
+
+
 def _normalize_dense_dims(log_weights: Tensor, dims: tuple[int, ...]) -> Tensor:
     """Dense counterpart of :func:`_normalize_segments` along ``dims``."""
     shift = _finite_shift(log_weights.detach().amax(dims, keepdim=True))

@@ -86,6 +86,27 @@ def tied_map(metric: str, in_channels: int, out_channels: int,
     raise ValueError(f"'{metric}' has no tied map")
 
 
+def metric_maps(metric: str, first_channels: int, second_channels: int,
+                out_channels: int, mlp_channels: int, bias: bool = False,
+                separate: bool = False
+                ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The maps of an attention's two ends (queries and keys) into its logit
+    space, ``(first_map, second_map)`` as :func:`embed_pair` takes them:
+    ``'dot'`` gets two linear maps (:math:`W_Q, W_K`, glorot, biases zero
+    where ``bias``); ``'metric'`` and ``'l2'`` get the :func:`tied_map` of
+    the first end and :obj:`None` (both ends share it), unless ``separate``
+    gives the second end a tied map of its own (another input width)."""
+    if check_metric(metric) == 'dot':
+        first, second = (Linear(channels, out_channels, bias=bias,
+                                weight_initializer='glorot',
+                                bias_initializer='zeros')
+                         for channels in (first_channels, second_channels))
+        return first, second
+    first = tied_map(metric, first_channels, out_channels, mlp_channels)
+    return first, (tied_map(metric, second_channels, out_channels, mlp_channels)
+                   if separate else None)
+
+
 def embed_pair(first_map: torch.nn.Module, second_map: torch.nn.Module | None,
                first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
     """``(first_map(first), second_map(second))``; without ``second_map`` both

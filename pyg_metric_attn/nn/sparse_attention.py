@@ -13,18 +13,14 @@ distance metrics (``'dot'``: :math:`Q = q / (\sqrt{D} t)`, :math:`K = k`, no
 norm term). This is the softmax of :math:`-\|z_i - z_j\|^2 / t + b_{ij}`: the
 dropped :math:`\|z_i - c\|^2` is constant along a softmax row.
 
-Precision. The centre :math:`c` is the mean of the finite source points per
-head (a NaN or infinite point does not move it, so it stays confined to the
-edges it is on). The expanded form still rounds each logit by about
-:math:`u \sqrt{D} (\max\|Q\| + \max\|K\|)^2 / t` (``u`` the unit roundoff),
-which is large when points are spread far apart (the graphs of a mini-batch
-around :math:`+c` and :math:`-c`) and overflows for huge points. Where that
-estimate exceeds
-:data:`~pyg_metric_attn.nn.functional.LOGIT_ROUNDING_TOLERANCE`, the logits are
+Precision (the ``'checked'`` policy of :mod:`~pyg_metric_attn.nn.logits`).
+The centre :math:`c` is the mean of the finite source points per head.
+Where the expanded form would round the logits by more than
+:data:`~pyg_metric_attn.nn.logits.LOGIT_ROUNDING_TOLERANCE`, they are
 computed in float64 and shifted to a row maximum of 0 before they return to
-float32 (one host sync decides; the common case stays in float32), so the
-weights agree with a float64 direct-difference computation and stay finite for
-all finite inputs. Where even float64 would round them by more than the
+float32 (one host read decides; the common case stays in float32), so the
+weights agree with a float64 direct-difference computation and stay finite
+for all finite inputs. Where even float64 would round them by more than the
 tolerance (a graph of huge points batched with ordinary ones: the one centre
 lies far from the ordinary points), the logits are direct differences per
 edge, as the scatter path computes them (``E x D`` per head, transient).
@@ -37,13 +33,15 @@ difference is ever formed. All kernels are device-agnostic torch ops
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pyg_metric_attn.nn.functional import centred, expanded_logits_are_accurate
+from pyg_metric_attn.nn.logits import (
+    centred,
+    expanded_logits_are_accurate,
+    logit_scale,
+)
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.utils.csr import HeadBlockCSR, from_blocks, to_blocks
 
@@ -119,9 +117,7 @@ class SegmentSoftmax(torch.autograd.Function):
 def _scaled_query(query: Tensor, metric: str,
                   time_scale: float | Tensor) -> Tensor:
     """The query factor of the logit's bilinear term (see module docstring)."""
-    if metric == 'dot':
-        return query / (math.sqrt(query.size(-1)) * time_scale)
-    return query * (2.0 / time_scale)
+    return query * logit_scale(metric, query.size(-1), time_scale)
 
 
 def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
@@ -216,7 +212,8 @@ def gathered_logits(query: Tensor, key: Tensor, edge_index: Tensor,
     src, dst = edge_index[0], edge_index[1]
     if check_metric(metric) == 'dot':
         products = query.double()[dst] * key.double()[src]
-        return products.sum(-1) / (math.sqrt(query.size(-1)) * time_scale)
+        return products.sum(-1) * logit_scale(metric, query.size(-1),
+                                              time_scale)
     return -_squared_norm(query[dst] - key[src]) / time_scale
 
 

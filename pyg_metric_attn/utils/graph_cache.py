@@ -43,8 +43,8 @@ def cached(edge_index: Tensor, key: Hashable, build: Callable[[], T]) -> T:
     """``build()``, or what it returned for this unchanged ``edge_index`` and
     the same ``key`` (the parameters the structure depends on besides the
     graph, e.g. node counts and heads)."""
-    if edge_index.is_inference() or torch.compiler.is_compiling():
-        return build()
+    if torch.compiler.is_compiling() or edge_index.is_inference():
+        return build()  # (Dynamo stops at is_inference(): asked second)
     ident = (id(edge_index), key)
     entry = _entries.get(ident)
     if entry is not None:

@@ -31,9 +31,9 @@ def needs_extra(extra: str) -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as error:
-        if error.name is None:
+        package = (error.name or '').split('.')[0]
+        if package in ('', 'pyg_metric_attn'):  # not a missing dependency
             raise
-        package = error.name.split('.')[0]
         raise ModuleNotFoundError(
             f"{package} is required for {EXTRAS[extra]}: "
             f"pip install 'pyg-metric-attn[{extra}]'", name=error.name) from None

@@ -6,15 +6,27 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import to_dense_batch
 
+from pyg_metric_attn.utils.checks import check_batch_vector
+
 
 def check_batch(batch: Tensor, num_nodes: int) -> None:
     """Raise unless ``batch`` is a sorted ``[num_nodes]`` set index (points of
     a set contiguous, as PyG batches them)."""
-    if batch.dim() != 1 or batch.numel() != num_nodes:
-        raise ValueError(f"'batch' must have shape [{num_nodes}], got "
-                         f"{list(batch.shape)}")
+    check_batch_vector(batch, num_nodes)
     if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
         raise ValueError("'batch' must be sorted (points of a set contiguous)")
+
+
+def point_set_mask(mask: Tensor, normalization: str = 'row') -> Tensor:
+    """The SDPA mask (:obj:`True` = may attend) of padded point sets, from
+    :func:`~torch_geometric.utils.to_dense_batch`'s ``[B, L]`` mask: padded
+    keys are blocked, ``[B, 1, 1, L]``; for normalisations other than
+    ``'row'`` padded queries as well (they would take weight in a column or
+    global normalisation), ``[B, 1, L, L]``."""
+    allowed = mask.view(mask.size(0), 1, 1, mask.size(1))
+    if normalization != 'row':
+        allowed = allowed & mask.view(mask.size(0), 1, mask.size(1), 1)
+    return allowed
 
 
 def fully_connected_edge_index(num_nodes: int, batch: Tensor | None = None,

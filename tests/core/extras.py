@@ -10,7 +10,7 @@ from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parents[2] / 'pyproject.toml'
 #: Extras that no library module imports from.
-TOOLING = ('dev',)
+TOOLING = ('dev', 'docs')
 #: Import names that are not the distribution name with '_' for '-'.
 IMPORT_NAMES = {'scikit-image': 'skimage', 'scikit-learn': 'sklearn'}
 #: Further top-level modules that a distribution of an extra installs.

@@ -56,6 +56,19 @@ def test_extra_modules_name_the_extra():
         assert f"pip install 'pyg-metric-attn[{extra}]'" in message, message
 
 
+
+@only_without_extras
+@pytest.mark.parametrize('argv', [['--help'], ['train', 'moon', '--help']])
+def test_command_line_names_the_experiments_extra(argv, capsys):
+    """Without [experiments] the command line says in one line what to install
+    (not a traceback that names another extra)."""
+    from pyg_metric_attn.cli import main
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == '', out
+    assert err.count('\n') == 1 and err.startswith('error: '), err
+    assert "pip install 'pyg-metric-attn[experiments]'" in err, err
+
 @pytest.mark.parametrize('metric', ['metric', 'l2', 'dot'])
 def test_conv_fused_and_scatter_backends_agree(metric):
     torch.manual_seed(0)
@@ -110,3 +123,13 @@ def test_metric_transformer_forward_backward():
     logits = model(src, tgt)
     logits.sum().backward()
     assert logits.shape == (2, 5, 13) and torch.isfinite(logits).all()
+
+
+def test_a_missing_module_of_this_package_is_no_missing_extra():
+    """A module of pyg_metric_attn itself that fails to import is a bug to
+    show as it is, not a package to install."""
+    from pyg_metric_attn.utils.optional import needs_extra
+    with pytest.raises(ModuleNotFoundError) as info:
+        with needs_extra('experiments'):
+            importlib.import_module('pyg_metric_attn.no_such_module')
+    assert 'pip install' not in str(info.value), info.value

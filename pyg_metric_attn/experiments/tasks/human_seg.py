@@ -15,17 +15,32 @@ the epochs unless ``former_cosine=False``; every block starts with a
 learned-time heat diffusion over the mesh, for which the meshes carry their
 ``k`` eigenpairs, unless ``former_diffusion=False``; and DiffusionNet's
 spatial gradient features of the diffused channels, from tangent gradient
-operators the meshes carry, unless ``former_gradients=False``).
+operators the meshes carry, unless ``former_gradients=False``), or
+``'diffusionnet'``, the baseline :class:`~pyg_metric_attn.nn.models.DiffusionNet`
+(configured by ``diffusionnet`` as ``diffusionnet_FIELD``; its recipe's
+learning rate halves every ``step_lr_epochs`` epochs; it reads the
+eigenpairs and gradient operators the former's diffusion and gradients
+have the meshes carry).
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
 :class:`~pyg_metric_attn.datasets.SyntheticHumans` (offline). Inputs are the
 16 heat kernel signatures per vertex (``features='hks'``) or the normalised
 coordinates with a uniformly random rotation of every training mesh
-(``features='xyz'``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
+(``features='xyz'``; ``xyz_rotation='up'``: about the y axis, DiffusionNet's
+augmentation, though the MeshCNN meshes are not all upright along one axis;
+``xyz_scaling=S > 1``: and a scale factor drawn log-uniformly from
+``[1/S, S]``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
 are recomputed each step at diffusion times stretched by a factor drawn
 log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
-eigenpairs the former's diffusion carries). ``label_smoothing > 0`` smooths
+eigenpairs the former's diffusion carries). With ``augment_copies=N > 0``
+every training mesh gets ``N`` perturbed copies per perturbation of
+``augment_perturbations`` (:func:`~pyg_metric_attn.geometry.perturb_mesh`:
+remeshed, deformed, ...; processed once and cached as
+:class:`~pyg_metric_attn.datasets.PerturbedMeshes` under the processed
+files' ``augmentation/``), and every epoch each training mesh is itself or
+one of its copies, drawn uniformly (:class:`~pyg_metric_attn.datasets.RandomCopies`):
+geometric augmentation for any inputs. ``label_smoothing > 0`` smooths
 the training targets (:meth:`HumanSegTask.training_loss`; evaluation losses
 stay plain cross entropy). With ``val_fraction > 0`` a seeded share of the
 training meshes is held out and evaluated instead of the test set (for tuning
@@ -48,7 +63,13 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.loader import DataLoader
 
-from pyg_metric_attn.datasets import BODY_PARTS, HumanSegmentation, SyntheticHumans
+from pyg_metric_attn.datasets import (
+    BODY_PARTS,
+    HumanSegmentation,
+    PerturbedMeshes,
+    RandomCopies,
+    SyntheticHumans,
+)
 from pyg_metric_attn.datasets.mesh_dataset import mesh_data
 from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
 from pyg_metric_attn.experiments.attention import (
@@ -58,8 +79,14 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import MeshError
-from pyg_metric_attn.nn.models import IPN, MetricMeshFormer, MetricMeshFormerConfig
+from pyg_metric_attn.geometry import PERTURBATIONS, MeshError
+from pyg_metric_attn.nn.models import (
+    IPN,
+    DiffusionNet,
+    DiffusionNetConfig,
+    MetricMeshFormer,
+    MetricMeshFormerConfig,
+)
 from pyg_metric_attn.training import (
     DistributedContext,
     Trainer,
@@ -76,11 +103,13 @@ from pyg_metric_attn.transforms import (
     random_rotation,
     rescaled_heat_kernel_signatures,
 )
+from pyg_metric_attn.utils.data_home import data_home
 from pyg_metric_attn.utils.io import atomic_write_text
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 STRONG_MODEL = 'metricformer'
-MODELS = (*ATTENTIONS, STRONG_MODEL)
+BASELINE_MODEL = 'diffusionnet'
+MODELS = (*ATTENTIONS, STRONG_MODEL, BASELINE_MODEL)
 
 
 def default_former() -> MetricMeshFormerConfig:
@@ -117,6 +146,13 @@ class HumanSegConfig(TaskConfig):
     normalization: Literal['row', 'column', 'sinkhorn'] = 'row'
     sinkhorn_iterations: int = setting(3, ge=1)
     features: Literal['hks', 'xyz'] = 'hks'
+    #: features='xyz', training: a random rotation of SO(3), about the y
+    #: axis ('up') or none, and a scale factor log-uniform in [1/S, S].
+    xyz_rotation: Literal['so3', 'up', 'none'] = 'so3'
+    xyz_scaling: float = setting(1.0, ge=1)
+    #: Geometric augmentation: perturbed copies of the training meshes.
+    augment_copies: int = setting(0, ge=0)
+    augment_perturbations: str = 'decimation,anisotropic_scaling,jitter'
     hks_time_jitter: float = setting(1.0, ge=1)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
     val_fraction: float = setting(0.0, ge=0, lt=1)
@@ -126,10 +162,18 @@ class HumanSegConfig(TaskConfig):
     #: learning-rate schedule.
     former: MetricMeshFormerConfig = setting(default_factory=default_former)
     former_cosine: bool = True
+    #: DiffusionNet ('diffusionnet'): its architecture (default: the paper's
+    #: 4 blocks x 128, dropout 0.5), and its learning rate halved every
+    #: step_lr_epochs epochs.
+    diffusionnet: DiffusionNetConfig = setting(default_factory=DiffusionNetConfig)
+    step_lr_epochs: int = setting(50, ge=1)
     # Data.
     root: str | None = None
     processed_dir: str | None = None
-    synthetic_root: str = 'datasets/synthetic_humans'
+    #: Folder of the synthetic humanoids (without ``root``); default:
+    #: ``processed_dir``, else :func:`~pyg_metric_attn.utils.data_home.data_home`
+    #: ``/synthetic_humans``.
+    synthetic_root: str | None = None
     synthetic_train: int = setting(120, ge=1)
     synthetic_test: int = setting(30, ge=1)
     #: Eigenpairs per mesh and heat kernel signatures per vertex.
@@ -148,6 +192,20 @@ class HumanSegConfig(TaskConfig):
             raise ValueError("'hks_time_jitter' recomputes HKS from the "
                              "meshes' eigenpairs: it needs features='hks' and "
                              "former_diffusion=True")
+        if self.features != 'xyz' and (self.xyz_rotation != 'so3'
+                                       or self.xyz_scaling != 1):
+            raise ValueError("'xyz_rotation' and 'xyz_scaling' augment the "
+                             "coordinates: they need features='xyz'")
+        unknown = set(self.augmentations) - set(PERTURBATIONS)
+        if unknown or not self.augmentations:
+            raise ValueError(f"'augment_perturbations' must name some of "
+                             f"{', '.join(PERTURBATIONS)} (comma-separated), "
+                             f"got {self.augment_perturbations!r}")
+
+    @property
+    def augmentations(self) -> list[str]:
+        """The perturbations of ``augment_perturbations``."""
+        return [name for name in self.augment_perturbations.split(',') if name]
 
 
 class HumanSegTask(Task):
@@ -178,7 +236,9 @@ class HumanSegTask(Task):
         parser.add_argument('--root', help='MeshCNN human_seg folder (train/, '
                             'test/, seg/, sseg/); default: synthetic humanoids')
         parser.add_argument('--processed-dir', help='where processed files go '
-                            '(default: ROOT/processed)')
+                            '(default: ROOT/processed; without --root, the '
+                            'synthetic humanoids: $PYG_METRIC_ATTN_DATA/'
+                            'synthetic_humans, default ~/.cache/pyg-metric-attn)')
         if command in ('experiment', 'train'):
             parser.add_argument('--features', choices=('hks', 'xyz'),
                                 help='inputs per vertex (default: hks)')
@@ -191,20 +251,9 @@ class HumanSegTask(Task):
         """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
         if self._data is None:
             c = self.config
-            common = dict(pre_transform=self.preprocessing,
-                          num_workers=c.num_workers, log=self.progress)
-            if c.root:
-                train = HumanSegmentation(c.root, 'train',
-                                          processed_dir=c.processed_dir,
-                                          **common)
-                test = HumanSegmentation(c.root, 'test',
-                                         processed_dir=c.processed_dir,
-                                         **common)
-            else:
-                train = SyntheticHumans(c.synthetic_root, 'train',
-                                        c.synthetic_train, **common)
-                test = SyntheticHumans(c.synthetic_root, 'test',
-                                       c.synthetic_test, **common)
+            if not c.root:
+                print(f'synthetic humanoids in {self.synthetic_root}')
+            train, test = self.split_meshes('train'), self.split_meshes('test')
             if c.val_source:
                 train, test = _split_by_source(train, c.val_source)
             elif self.eval_split == 'val':
@@ -215,8 +264,29 @@ class HumanSegTask(Task):
             self._data = train, test
         return self._data
 
+    def split_meshes(self, split: str) -> Any:
+        """The processed meshes of the data's ``'train'`` or ``'test'``
+        split (all of them: no validation meshes held out)."""
+        c = self.config
+        common = dict(pre_transform=self.preprocessing,
+                      num_workers=c.num_workers, log=self.progress)
+        if c.root:
+            return HumanSegmentation(c.root, split,
+                                     processed_dir=c.processed_dir, **common)
+        count = c.synthetic_train if split == 'train' else c.synthetic_test
+        return SyntheticHumans(str(self.synthetic_root), split, count, **common)
+
     def prepare_data(self) -> None:
-        self.datasets()
+        self.augmented(self.datasets()[0])
+
+    @property
+    def synthetic_root(self) -> Path:
+        """Folder of the synthetic humanoids: ``synthetic_root``, else
+        ``processed_dir``, else ``DATA_HOME/synthetic_humans`` (``DATA_HOME``:
+        ``$PYG_METRIC_ATTN_DATA``, default ``~/.cache/pyg-metric-attn``)."""
+        c = self.config
+        return Path(c.synthetic_root or c.processed_dir
+                    or data_home() / 'synthetic_humans')
 
     @property
     def spectral_basis(self) -> int:
@@ -232,7 +302,8 @@ class HumanSegTask(Task):
 
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex; when augmenting, coordinates are
-        rotated and HKS rescaled in time (``hks_time_jitter``)."""
+        rotated and scaled (``xyz_rotation``, ``xyz_scaling``) and HKS
+        rescaled in time (``hks_time_jitter``)."""
         if self.config.features == 'hks':
             jitter = self.config.hks_time_jitter
             if not augment or jitter == 1:
@@ -241,11 +312,34 @@ class HumanSegTask(Task):
             return rescaled_heat_kernel_signatures(
                 batch.evals, batch.evecs, batch.batch,
                 log_scale.exp().to(batch.evals.dtype), batch.hks.size(1))
+        c = self.config
         if not augment:
             return batch.pos
-        rotations = torch.stack([random_rotation() for _ in
-                                 range(batch.num_graphs)]).to(batch.pos.dtype)
-        return torch.einsum('vij,vj->vi', rotations[batch.batch], batch.pos)
+        maps = torch.eye(3, dtype=torch.float64).repeat(batch.num_graphs, 1, 1)
+        if c.xyz_rotation != 'none':
+            axis = 1 if c.xyz_rotation == 'up' else None
+            maps = torch.stack([random_rotation(axis=axis)
+                                for _ in range(batch.num_graphs)])
+        if c.xyz_scaling > 1:
+            log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(
+                c.xyz_scaling)
+            maps = maps * log_scale.exp().double()[:, None, None]
+        return torch.einsum('vij,vj->vi', maps.to(batch.pos.dtype)[batch.batch],
+                            batch.pos)
+
+    def augmented(self, train) -> Any:
+        """The training meshes, each drawn from itself and its perturbed
+        copies with ``augment_copies > 0`` (else as they are)."""
+        c = self.config
+        if not c.augment_copies:
+            return train
+        root = Path(train.processed_root) / 'augmentation'
+        copies = [PerturbedMeshes(root, train, perturbation, seed,
+                                  pre_transform=self.preprocessing,
+                                  num_workers=c.num_workers, log=self.progress)
+                  for perturbation in c.augmentations
+                  for seed in range(c.augment_copies)]
+        return RandomCopies(train, copies)
 
     # Model -----------------------------------------------------------------
     def build_model(self, attention: str) -> torch.nn.Module:
@@ -254,6 +348,14 @@ class HumanSegTask(Task):
         if attention == STRONG_MODEL:
             return MetricMeshFormer(in_channels, len(BODY_PARTS),
                                     replace(c.former, gradients=self.gradients))
+        if attention == BASELINE_MODEL:
+            if not self.spectral_basis or (c.diffusionnet.gradient_features
+                                           and not self.gradients):
+                raise ValueError("'diffusionnet' reads the meshes' eigenpairs "
+                                 "and gradient operators, which they carry "
+                                 "with former_diffusion=True and "
+                                 "former_gradients=True")
+            return DiffusionNet(in_channels, len(BODY_PARTS), c.diffusionnet)
         if attention not in ATTENTIONS:
             raise ValueError(f"Unknown model '{attention}'; expected one of "
                              f"{MODELS}")
@@ -274,6 +376,11 @@ class HumanSegTask(Task):
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
         """Per-vertex logits of a batch of meshes."""
         x = self.inputs(batch, augment)
+        if isinstance(unwrap(model), DiffusionNet):
+            gradients = ((batch.grad_index, batch.grad_weight)
+                         if self.gradients else (None, None))
+            return model(x, batch.evecs, batch.evals, batch.mass, *gradients,
+                         batch=batch.batch)
         if isinstance(unwrap(model), MetricMeshFormer):
             keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
             keys += ('grad_index', 'grad_weight') if self.gradients else ()
@@ -344,6 +451,7 @@ class HumanSegTask(Task):
         c = self.config
         context = distributed or DistributedContext()
         train, evaluation = self.datasets()
+        train = self.augmented(train)
         seed_everything(seed)
         model = self.build_model(attention)
         if context.is_distributed:
@@ -354,6 +462,9 @@ class HumanSegTask(Task):
         if attention == STRONG_MODEL and c.former_cosine:
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
                                                                    self.epochs)
+        elif attention == BASELINE_MODEL:
+            scheduler = torch.optim.lr_scheduler.StepLR(
+                optimizer, c.step_lr_epochs, gamma=0.5)
 
         def batches(epoch: int):
             if context.is_distributed:

@@ -11,57 +11,32 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import Adj, OptTensor, PairTensor, Size, SparseTensor
-from torch_geometric.utils import (
-    add_self_loops,
-    remove_self_loops,
-    to_dense_batch,
-)
+from torch_geometric.utils import to_dense_batch
 
+from pyg_metric_attn.nn.edge_attention import (
+    LayerGraph,
+    check_backend,
+    choose_backend,
+    fused_attention,
+    triton_attention,
+)
 from pyg_metric_attn.nn.functional import dense_metric_attention
-from pyg_metric_attn.nn.normalization import (
-    check_normalization,
-    normalize_edge_logits,
-)
+from pyg_metric_attn.nn.normalization import attention_weights, check_normalization
 from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
-from pyg_metric_attn.nn.sparse_attention import (
-    SparseAggregate,
-    block_logits,
-    gathered_logits,
-    sparse_metric_attention,
-)
+from pyg_metric_attn.nn.sparse_attention import gathered_logits
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
-from pyg_metric_attn.nn.triton import (
-    HAVE_TRITON,
-    TritonGraph,
-    prepare_triton_graph,
-    triton_metric_attention,
+from pyg_metric_attn.utils.adjacency import (
+    adjacency_to_edge_index,
+    edge_features,
+    edge_values_like,
+    node_counts,
 )
-from pyg_metric_attn.utils.adjacency import adjacency_to_edge_index, edge_values_like
 from pyg_metric_attn.utils.checks import (
+    check_batch_vector,
     check_edge_attr,
-    check_edge_index,
     check_node_features,
 )
-from pyg_metric_attn.utils.csr import (
-    HeadBlockCSR,
-    from_blocks,
-    sort_by_segment,
-    to_blocks,
-)
-from pyg_metric_attn.utils.graph_cache import cached
 from pyg_metric_attn.utils.point_sets import check_batch
-
-BACKENDS = ('auto', 'fused', 'scatter', 'triton')
-# Aggregations the fused kernels compute (others run as message passing).
-FUSED_AGGREGATIONS = ('add', 'sum', 'mean')
-# Dtypes of the Triton kernel's inputs.
-TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# MessagePassing's hook registries: any hook needs the per-edge messages.
-MESSAGE_PASSING_HOOKS = (
-    '_propagate_forward_pre_hooks', '_propagate_forward_hooks',
-    '_message_forward_pre_hooks', '_message_forward_hooks',
-    '_aggregate_forward_pre_hooks', '_aggregate_forward_hooks',
-    '_edge_update_forward_pre_hooks', '_edge_update_forward_hooks')
 
 
 class MetricAttentionConv(MessagePassing):
@@ -121,8 +96,8 @@ class MetricAttentionConv(MessagePassing):
         metric_channels (int, optional): Size :math:`D` of :math:`\phi` (or of
             queries and keys) per head. (default: :obj:`out_channels`)
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
-            :math:`\phi` for ``'metric'``. (default: :obj:`heads *
-            metric_channels`)
+            :math:`\phi` for ``'metric'``. (default: ``heads *
+            metric_channels``)
         time_scale (float or str, optional): The time scale :math:`t` of the
             heat kernel :math:`\exp(-d/t)`, or ``'matched'``: :math:`t =
             2\sqrt{D}` (:math:`1` for ``'dot'``), the logit scale of
@@ -172,19 +147,23 @@ class MetricAttentionConv(MessagePassing):
             message hooks, explain mode and any ``aggr``. ``'auto'`` takes
             ``'triton'`` on CUDA where Triton is installed, ``'fused'`` on CPU
             in float32/float64, else ``'scatter'``. Every backend falls back to
-            ``'scatter'`` while hooks or explain mode need the messages, for
-            an ``aggr`` other than ``'add'``/``'sum'``/``'mean'``, and
-            ``'auto'`` does under :func:`torch.compile`. ``'triton'`` computes
-            only ``normalization='row'`` (``'auto'`` then takes ``'fused'``
-            or ``'scatter'``). (default: :obj:`'auto'`)
+            ``'scatter'`` while hooks or explain mode need the messages;
+            ``'auto'`` takes it for an ``aggr`` other than
+            ``'add'``/``'sum'``/``'mean'`` (which ``'fused'`` and
+            ``'triton'`` refuse), under :func:`torch.compile` and under
+            :func:`torch.jit.trace` (which cannot trace the other two).
+            ``'triton'`` computes only ``normalization='row'`` (``'auto'``
+            then takes ``'fused'`` or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))`,
-          edge indices :math:`(2, |\mathcal{E}|)` (or a sparse adjacency,
-          whose values are used as edge features when ``edge_dim`` is set),
+          edge indices :math:`(2, |\mathcal{E}|)` (a tensor or an
+          :class:`~torch_geometric.EdgeIndex`; or a sparse adjacency, whose
+          values are the edge features when ``edge_dim`` is set and no
+          ``edge_attr`` is given),
           edge features :math:`(|\mathcal{E}|, D_e)` *(optional)*, ``batch``
           :math:`(|\mathcal{V}_t|)` *(optional, ``'global'`` only)*
         - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` if
@@ -230,14 +209,8 @@ class MetricAttentionConv(MessagePassing):
             if size is not None and (not isinstance(size, int) or size < 1):
                 raise ValueError(f"'{name}' must be a positive integer, got "
                                  f"{size!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown backend '{backend}'; expected one of "
-                             f"{BACKENDS}")
         check_normalization(normalization, sinkhorn_iterations)
-        if backend == 'triton' and normalization != 'row':
-            raise ValueError(f"backend='triton' computes normalization='row' "
-                             f"only, got normalization={normalization!r}; use "
-                             f"backend='fused', 'scatter' or 'auto'")
+        check_backend(backend, self.aggr, normalization)
         if not value and src_channels > 0 and out_channels != src_channels:
             raise ValueError(
                 f"'value=False' propagates the input features unchanged, so "
@@ -355,11 +328,13 @@ class MetricAttentionConv(MessagePassing):
                 features, or ``(source, destination)`` features. With
                 ``(x, None)`` the destination nodes are the first
                 ``size[1]`` source nodes (the PyG sampled-subgraph convention).
-            edge_index (torch.Tensor or SparseTensor or torch.sparse.Tensor):
-                The graph; sparse adjacencies are indexed ``[dst, src]`` and
-                their values are the edge features when ``edge_dim`` is set.
+            edge_index (torch.Tensor or EdgeIndex or SparseTensor or
+                torch.sparse.Tensor): The graph; sparse adjacencies are
+                indexed ``[dst, src]`` and their values are the edge features
+                when ``edge_dim`` is set and ``edge_attr`` is not.
             edge_attr (torch.Tensor, optional): Edge features (needs
-                ``edge_dim``).
+                ``edge_dim``), ordered like the edges (a sparse adjacency's
+                non-zeros, whose values then only mark the pattern).
             size ((int, int), optional): ``(num_src, num_dst)``.
             return_attention_weights (bool, optional): If :obj:`True`, also
                 return the attention weights as
@@ -371,38 +346,32 @@ class MetricAttentionConv(MessagePassing):
         """
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         adjacency = adjacency_to_edge_index(edge_index)
-        # The caller's graph tensor: what depends only on the graph (index
-        # check, self-loops, sorted views) is built once per tensor.
-        input_graph = edge_index = adjacency.edge_index
-        edge_attr = self._edge_features(edge_attr, adjacency.value)
-        num_src, num_dst = self._num_nodes(x_src, x_dst, adjacency, size)
+        if self.lin_edge is not None:
+            edge_attr = edge_features(adjacency, edge_attr)
+        num_src, num_dst = node_counts(adjacency, x_src.size(0), x_dst, size)
         if x_dst is None:
             x_dst = x_src[:num_dst]
+        # What depends only on the graph (index check, self-loops, sorted
+        # views) is built once per caller's graph tensor.
+        graph = LayerGraph(adjacency.edge_index, num_src, num_dst,
+                           self.add_self_loops)
         if not torch.compiler.is_compiling():
-            self._check_inputs(x_src, x_dst, edge_index, edge_attr, num_src,
-                               num_dst)
+            self._check_inputs(x_src, x_dst, graph, edge_attr)
             self._check_batch(batch, num_dst)
-
         if edge_attr is not None and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
-        if self.add_self_loops and edge_attr is None:
-            edge_index = cached(input_graph, ('self_loops', num_src, num_dst),
-                                lambda: self._with_self_loops(
-                                    edge_index, None, num_src, num_dst)[0])
-        elif self.add_self_loops:
-            edge_index, edge_attr = self._with_self_loops(edge_index, edge_attr,
-                                                          num_src, num_dst)
-        else:
-            edge_index = edge_index.long()
+        edge_index = graph.edge_index
+        edge_attr = graph.edge_attr(edge_attr, self.fill_value)
 
         z_src, z_dst = self._embed(x_src, x_dst)  # [N, H, D]
         values = self._values(x_src)  # [N_src, H, C]
         edge_bias = (self.lin_edge(edge_attr)  # [E, H]
                      if self.lin_edge is not None and edge_attr is not None
                      else None)
-
         edge_graph = None if batch is None else batch.long()[edge_index[1]]  # [E]
-        backend = self._choose_backend(values)
+
+        backend = choose_backend(self.backend, self, values, self.normalization)
+        need_weights = bool(return_attention_weights)
         if backend == 'scatter':
             logits = gathered_logits(z_dst, z_src, edge_index, self.metric,
                                      self.time_scale)  # [E, H] float64
@@ -413,14 +382,16 @@ class MetricAttentionConv(MessagePassing):
             out = self.propagate(edge_index, x=(values, None), alpha=alpha,
                                  size=(num_src, num_dst))
         elif backend == 'fused':
-            out, alpha = self._fused_attention(
-                z_src, z_dst, values, edge_index, input_graph, (num_src, num_dst),
+            out, alpha = fused_attention(
+                graph, z_dst, z_src, values, self.metric, self.time_scale,
                 edge_bias, self._dropout_mask(edge_index.size(1), z_src),
-                bool(return_attention_weights), edge_graph)
+                self.normalization, self.sinkhorn_iterations, edge_graph,
+                mean=self.aggr == 'mean', need_weights=need_weights)
         else:
-            out, alpha = self._triton_attention(
-                z_src, z_dst, values, edge_index, input_graph, num_dst, edge_bias,
-                bool(return_attention_weights))
+            out, alpha = triton_attention(
+                graph, z_dst, z_src, values, self.metric, self.time_scale,
+                edge_bias, self.dropout if self.training else 0.0,
+                mean=self.aggr == 'mean', need_weights=need_weights)
 
         out = self._combine_heads(out, x_dst)
         if return_attention_weights:
@@ -484,42 +455,8 @@ class MetricAttentionConv(MessagePassing):
             out = out + self.bias
         return out
 
-    def _edge_features(self, edge_attr: OptTensor,
-                       adjacency_value: OptTensor) -> OptTensor:
-        """``edge_attr``, or the values of a sparse adjacency where the layer
-        reads edge features (as PyG's attention layers do)."""
-        if adjacency_value is None or self.lin_edge is None:
-            return edge_attr
-        if edge_attr is not None:
-            raise ValueError("Edge features were given twice: as 'edge_attr' "
-                             "and as the values of the sparse adjacency; pass "
-                             "one of them")
-        return adjacency_value
-
-    def _num_nodes(self, x_src: Tensor, x_dst: Tensor | None, adjacency,
-                   size: Size) -> tuple[int, int]:
-        num_src = x_src.size(0)
-        if size is not None:
-            num_dst = size[1]
-            if size[0] is not None and size[0] != num_src:
-                raise ValueError(f"'size[0]' ({size[0]}) does not match the "
-                                 f"{num_src} source nodes in 'x'")
-        elif adjacency.num_dst is not None:
-            num_dst = adjacency.num_dst
-        elif x_dst is not None:
-            num_dst = x_dst.size(0)
-        else:
-            num_dst = num_src
-        if x_dst is None and num_dst > num_src:
-            raise ValueError(f"With 'x=(x_src, None)' the {num_dst} destination "
-                             f"nodes must be among the {num_src} source nodes")
-        if adjacency.num_src is not None and adjacency.num_src != num_src:
-            raise ValueError(f"The adjacency has {adjacency.num_src} columns "
-                             f"(source nodes) but 'x' has {num_src} rows")
-        return num_src, num_dst
-
-    def _check_inputs(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor,
-                      edge_attr: OptTensor, num_src: int, num_dst: int) -> None:
+    def _check_inputs(self, x_src: Tensor, x_dst: Tensor, graph: LayerGraph,
+                      edge_attr: OptTensor) -> None:
         check_node_features(x_src, 'x' if x_src is x_dst else 'x_src',
                             self._src_channels)
         if not self.value and x_src.size(1) != self.out_channels:
@@ -529,16 +466,15 @@ class MetricAttentionConv(MessagePassing):
                 f"'out_channels' ({self.out_channels})")
         if x_dst is not x_src:
             check_node_features(x_dst, 'x_dst', self._dst_channels)
-            if x_dst.size(0) != num_dst:
+            if x_dst.size(0) != graph.num_dst:
                 raise ValueError(f"'x_dst' has {x_dst.size(0)} rows but the "
-                                 f"graph has {num_dst} destination nodes")
-        cached(edge_index, ('checked', num_src, num_dst),
-               lambda: check_edge_index(edge_index, num_src, num_dst))
+                                 f"graph has {graph.num_dst} destination nodes")
+        graph.check()
         if edge_attr is not None:
             if self.lin_edge is None:
                 raise ValueError("'edge_attr' was given but the layer was built "
                                  "without 'edge_dim'")
-            check_edge_attr(edge_attr, edge_index.size(1), self.edge_dim)
+            check_edge_attr(edge_attr, graph.source.size(1), self.edge_dim)
 
     def _check_batch(self, batch: OptTensor, num_dst: int) -> None:
         """``batch`` must be given only for ``'global'``, as an integer
@@ -550,17 +486,7 @@ class MetricAttentionConv(MessagePassing):
                              f"normalization='global'; this layer normalises "
                              f"by {self.normalization!r}, which 'batch' would "
                              f"not change: leave it out")
-        if batch.dim() != 1 or batch.numel() != num_dst:
-            raise ValueError(f"'batch' must have shape [{num_dst}] (one graph "
-                             f"index per destination node), got "
-                             f"{list(batch.shape)}")
-        if batch.is_floating_point() or batch.is_complex() or \
-                batch.dtype == torch.bool:
-            raise TypeError(f"'batch' must hold integer graph indices, got "
-                            f"{batch.dtype}")
-        if batch.numel() and batch.device.type == 'cpu' and int(batch.min()) < 0:
-            raise IndexError(f"'batch' contains a negative graph index "
-                             f"({int(batch.min())})")
+        check_batch_vector(batch, num_dst)
 
     def _embed(self, x_src: Tensor, x_dst: Tensor) -> PairTensor:
         """Source and destination points in the metric space, ``[N, H, D]``."""
@@ -576,115 +502,6 @@ class MetricAttentionConv(MessagePassing):
             return x_src.unsqueeze(1).expand(-1, self.heads, -1)
         return self.lin_value(x_src).view(-1, self.heads, self.out_channels)
 
-    def _choose_backend(self, values: Tensor) -> str:
-        """The backend of this call (see ``backend`` in the class docstring)."""
-        if (self.backend == 'scatter' or self.explain
-                or self.aggr not in FUSED_AGGREGATIONS
-                or any(getattr(self, name) for name in MESSAGE_PASSING_HOOKS)):
-            return 'scatter'
-        if self.backend != 'auto':
-            return self.backend
-        if torch.compiler.is_compiling():
-            return 'scatter'
-        if (values.device.type == 'cuda' and HAVE_TRITON
-                and values.dtype in TRITON_DTYPES
-                and self.normalization == 'row'):
-            return 'triton'
-        if (values.device.type == 'cpu'
-                and values.dtype in (torch.float32, torch.float64)):
-            return 'fused'
-        return 'scatter'
-
-    def _with_self_loops(self, edge_index: Tensor, edge_attr: OptTensor,
-                         num_src: int, num_dst: int) -> tuple[Tensor, OptTensor]:
-        """Replace the graph's self-loops by one per destination node (edge
-        features of new loops from ``fill_value``)."""
-        edge_index, edge_attr = remove_self_loops(edge_index.long(), edge_attr)
-        return add_self_loops(edge_index, edge_attr, fill_value=self.fill_value,
-                              num_nodes=min(num_src, num_dst))
-
-    @torch.compiler.disable  # sparse CSR kernels: opaque to torch.compile
-    def _fused_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
-                         edge_index: Tensor, input_graph: Tensor,
-                         size: tuple[int, int], edge_bias: OptTensor,
-                         dropout_mask: OptTensor, need_weights: bool,
-                         edge_graph: OptTensor) -> tuple[Tensor, OptTensor]:
-        """The fused path: ``([N_dst, H, C], [E, H] weights or None)``; the
-        CSR view of ``edge_index`` is cached on the caller's ``input_graph``
-        (from which ``edge_index`` derives). ``'row'`` runs the fused segment
-        softmax; the other normalisations take the whole logits to edge order
-        (``[E, H]``), normalise them as the scatter backend does and aggregate
-        with the same sparse product."""
-        graph = cached(input_graph, ('csr', self.heads, self.add_self_loops, *size),
-                       lambda: HeadBlockCSR(edge_index, *size, self.heads))
-        if self.normalization == 'row':
-            out, weights = sparse_metric_attention(
-                z_dst, z_src, values, graph, self.metric, self.time_scale,
-                edge_bias, dropout_mask)
-            out = self._mean_over_edges(out.to(values.dtype), graph.ptr)
-            return out, graph.to_edges(weights) if need_weights else None
-        logits = graph.to_edges(block_logits(  # [E, H]
-            z_dst, z_src, graph, self.metric, self.time_scale, row_term=True))
-        alpha = self._normalized(logits, edge_bias, dropout_mask,
-                                 edge_index[1], edge_index[0], size, edge_graph)
-        out = SparseAggregate.apply(graph, graph.from_edges(alpha),
-                                    to_blocks(values.to(alpha.dtype)))
-        out = from_blocks(out, self.heads).to(values.dtype)
-        out = self._mean_over_edges(out, graph.ptr)
-        return out, alpha.to(z_src.dtype) if need_weights else None
-
-    def _normalized(self, logits: Tensor, edge_bias: OptTensor,
-                    dropout_mask: OptTensor, dst: Tensor, src: Tensor,
-                    size: tuple[int, int], edge_graph: OptTensor,
-                    ptr: OptTensor = None) -> Tensor:
-        """The weights ``[E, H]``: biased logits, normalised, dropped out (the
-        scatter backend's :meth:`edge_update` and the fused path's other
-        normalisations)."""
-        if edge_bias is not None:
-            logits = logits + edge_bias.to(logits.dtype)
-        alpha = normalize_edge_logits(
-            logits, self.normalization, dst, src, size[1], size[0], edge_graph,
-            sinkhorn_iterations=self.sinkhorn_iterations, ptr=ptr)
-        return alpha if dropout_mask is None else alpha * dropout_mask
-
-    @torch.compiler.disable  # a Triton kernel: opaque to torch.compile
-    def _triton_attention(self, z_src: Tensor, z_dst: Tensor, values: Tensor,
-                          edge_index: Tensor, input_graph: Tensor, num_dst: int,
-                          edge_bias: OptTensor,
-                          need_weights: bool) -> tuple[Tensor, OptTensor]:
-        """The Triton path: ``([N_dst, H, C], [E, H] weights or None)``, the
-        graph prepared for the kernels cached on ``input_graph``;
-        queries and keys enter in the values' dtype (the kernel accumulates in
-        float32), dropout is drawn inside the kernel."""
-        def prepare() -> tuple[Tensor, TritonGraph]:
-            perm, ptr, col = _destination_sorted(edge_index, num_dst)
-            return perm, prepare_triton_graph(ptr, col, z_src.size(0))
-
-        perm, graph = cached(
-            input_graph, ('triton_graph', self.add_self_loops, z_src.size(0), num_dst),
-            prepare)
-        dtype = values.dtype
-        out, weights = triton_metric_attention(
-            z_dst.to(dtype), z_src.to(dtype), values, metric=self.metric,
-            time_scale=self.time_scale,
-            edge_bias=None if edge_bias is None else edge_bias[perm],
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights, graph=graph)
-        out = self._mean_over_edges(out, graph.rowptr)
-        if weights is None:
-            return out, None
-        alpha = torch.empty_like(weights)
-        alpha[perm] = weights
-        return out, alpha
-
-    def _mean_over_edges(self, out: Tensor, ptr: Tensor) -> Tensor:
-        """``aggr='mean'``: divide each node's sum by its in-degree (at least
-        1), as PyG's mean aggregation does."""
-        if self.aggr != 'mean':
-            return out
-        degree = ptr.diff().clamp(min=1).view(-1, 1, 1)
-        return out / degree.to(out.dtype)
-
     def _dropout_mask(self, num_edges: int, like: Tensor) -> Tensor | None:
         """Attention dropout as a factor ``[E, H]`` on the weights (one draw
         shared by the scatter and fused backends)."""
@@ -696,8 +513,10 @@ class MetricAttentionConv(MessagePassing):
                     dropout_mask: OptTensor, edge_graph: OptTensor,
                     index: Tensor, edge_index_j: Tensor, ptr: OptTensor,
                     size_i: int | None, size_j: int | None) -> Tensor:
-        return self._normalized(logits, edge_bias, dropout_mask, index,
-                                edge_index_j, (size_j, size_i), edge_graph, ptr)
+        return attention_weights(
+            logits, edge_bias, dropout_mask, self.normalization, index,
+            edge_index_j, size_i, size_j, edge_graph, self.sinkhorn_iterations,
+            ptr)
 
     def message(self, x_j: Tensor, alpha: Tensor) -> Tensor:
         return alpha.unsqueeze(-1).to(x_j.dtype) * x_j
@@ -709,10 +528,3 @@ class MetricAttentionConv(MessagePassing):
                 + (f', normalization={self.normalization!r})'
                    if self.normalization != 'row' else ')'))
 
-
-def _destination_sorted(edge_index: Tensor,
-                        num_dst: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(perm, rowptr, col)``: the edges sorted by destination (stably), the
-    CSR row pointer and the sorted sources."""
-    perm, ptr = sort_by_segment(edge_index[1], num_dst)
-    return perm, ptr, edge_index[0, perm]

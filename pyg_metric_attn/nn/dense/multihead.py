@@ -8,20 +8,25 @@ from torch.nn import Linear
 from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.functional import dense_metric_attention, merge_masks
+from pyg_metric_attn.nn.logits import check_precision
 from pyg_metric_attn.nn.normalization import check_normalization
-from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
+from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, metric_maps
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
-from pyg_metric_attn.utils.point_sets import check_batch
+from pyg_metric_attn.utils.point_sets import check_batch, point_set_mask
 
 
 class MetricMultiheadAttention(torch.nn.Module):
     r"""Multi-head attention whose logits come from a learned pseudo-metric.
 
-    Per head :math:`h` with :math:`D = \text{embed\_dim} / H`:
+    Per head :math:`h`, with :math:`\phi(x)_h` of the metric width :math:`D`
+    (``metric_channels``) and values of the head width
+    :math:`\text{embed\_dim} / H`:
 
     * ``'metric'``: :math:`s_{ij} = -\|\phi(x_i)_h - \phi(y_j)_h\|^2 / t`
-      with :math:`\phi(u) = u + W_2 \tanh(W_1 u + b_1) + b_2` shared by
-      queries and keys (Ruan & Zhang's metric-attention),
+      with :math:`\phi(u) = P u + W_2 \tanh(W_1 u + b_1) + b_2` shared by
+      queries and keys (Ruan & Zhang's metric-attention; :math:`P` the
+      identity where the metric space is as wide as the input, else
+      learned),
     * ``'l2'``: the same with a tied linear map :math:`\phi(u) = W u`
       (L2 self-attention, :math:`W_Q = W_K`),
     * ``'dot'``: :math:`s_{ij} = (W_q x_i)_h^\top (W_k y_j)_h / (\sqrt{D}\, t)`.
@@ -30,6 +35,19 @@ class MetricMultiheadAttention(torch.nn.Module):
     three run through :func:`~torch.nn.functional.scaled_dot_product_attention`
     (see :func:`~pyg_metric_attn.nn.functional.dense_metric_attention`), so no
     ``L x S`` score matrix is stored unless ``need_weights=True``.
+
+    The metric width. The distance logits run as dot-product attention on
+    the augmented points :math:`[\phi(x)_h, -\tfrac12]` and
+    :math:`[\phi(y)_h, \|\phi(y)_h\|^2]`, one coordinate wider than the
+    metric space. So ``'metric'`` and ``'l2'`` default to a metric space one
+    coordinate narrower than the head (:math:`D = \text{embed\_dim} / H -
+    1`, e.g. 63 for heads of 64): the augmented width is then the head width,
+    a native head size of the flash kernels, where :math:`D` equal to the head
+    width (the width before this default; pass ``metric_channels=embed_dim //
+    num_heads`` to keep it) makes 65, padded to the next kernel size (128 in
+    cuDNN's flash attention). With a metric space narrower than the input,
+    :math:`\phi`'s skip connection is a learned linear map (see
+    :class:`~pyg_metric_attn.nn.pseudo_metric.ResidualTanhMLP`).
 
     The similarities :math:`K_{ij} = \exp(s_{ij})` are normalised by one of
     the paper's four normalisations (Definitions 7-10,
@@ -62,6 +80,10 @@ class MetricMultiheadAttention(torch.nn.Module):
             (default: :obj:`True`)
         mlp_channels (int, optional): Hidden width :math:`d_{mlp}` of
             :math:`\phi`. (default: ``embed_dim``)
+        metric_channels (int, optional): The metric (query/key) width
+            :math:`D` per head. (default: ``embed_dim // num_heads - 1`` for
+            ``'metric'`` and ``'l2'`` (see above; ``1`` for heads of width
+            1), ``embed_dim // num_heads`` for ``'dot'``)
         time_scale (float or str, optional): The time scale :math:`t`, or
             ``'matched'``: :math:`t = 2\sqrt{D}` (:math:`1` for ``'dot'``),
             the logit scale of scaled dot-product attention. The default is
@@ -74,13 +96,20 @@ class MetricMultiheadAttention(torch.nn.Module):
             ``'sinkhorn'`` or ``'global'`` (see above). (default: :obj:`'row'`)
         sinkhorn_iterations (int, optional): Column-then-row steps of
             ``'sinkhorn'``. (default: :obj:`3`)
+        precision (str, optional): ``'checked'`` (an exact path where the
+            fused logits would round too much; one host read per call) or
+            ``'fast'`` (no check: no host synchronisation, and
+            ``torch.compile(fullgraph=True)`` compiles the layer); see
+            :mod:`~pyg_metric_attn.nn.logits`. (default: :obj:`'checked'`)
     """
     def __init__(self, embed_dim: int, num_heads: int, metric: str = 'metric',
                  dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = True,
                  mlp_channels: int | None = None, time_scale: float | str = 1.0,
                  learn_time_scale: bool = False, normalization: str = 'row',
-                 sinkhorn_iterations: int = 3):
+                 sinkhorn_iterations: int = 3,
+                 metric_channels: int | None = None,
+                 precision: str = 'checked'):
         super().__init__()
         if embed_dim < 1 or num_heads < 1:
             raise ValueError(f"'embed_dim' and 'num_heads' must be positive, got "
@@ -92,6 +121,14 @@ class MetricMultiheadAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.metric = check_metric(metric)
+        if metric_channels is None:
+            narrower = self.metric != 'dot' and self.head_dim > 1
+            metric_channels = self.head_dim - 1 if narrower else self.head_dim
+        if metric_channels < 1:
+            raise ValueError(f"'metric_channels' must be positive, got "
+                             f"{metric_channels}")
+        self.metric_channels = metric_channels
+        self.precision = check_precision(precision)
         self.normalization = check_normalization(normalization,
                                                  sinkhorn_iterations)
         self.sinkhorn_iterations = sinkhorn_iterations
@@ -101,32 +138,24 @@ class MetricMultiheadAttention(torch.nn.Module):
         self.batch_first = batch_first
         self.mlp_channels = mlp_channels or embed_dim
         self.time = TimeScale(resolve_time_scale(
-            time_scale, self.metric, self.head_dim), learn_time_scale)
+            time_scale, self.metric, self.metric_channels), learn_time_scale)
 
-        if self.metric == 'dot':
-            self.query_map = Linear(embed_dim, embed_dim, bias=bias)
-            self.key_map = Linear(self.kdim, embed_dim, bias=bias)
-        else:
-            self.query_map = tied_map(self.metric, embed_dim, embed_dim,
-                                      self.mlp_channels)
-            # None: keys share the query map (the metric case).
-            self.key_map = (tied_map(self.metric, self.kdim, embed_dim,
-                                     self.mlp_channels)
-                            if self.kdim != embed_dim else None)
+        # key_map None: keys share the tied query map.
+        self.query_map, self.key_map = metric_maps(
+            self.metric, embed_dim, self.kdim, num_heads * metric_channels,
+            self.mlp_channels, bias=bias, separate=self.kdim != embed_dim)
         self.v_proj = Linear(self.vdim, embed_dim, bias=bias)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for module in (self.query_map, self.key_map, self.v_proj, self.out_proj):
-            if module is None:
-                continue
-            if isinstance(module, Linear):
-                torch.nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    torch.nn.init.zeros_(module.bias)
-            else:
+        for module in (self.query_map, self.key_map):
+            if module is not None:
                 module.reset_parameters()
+        for projection in (self.v_proj, self.out_proj):
+            torch.nn.init.xavier_uniform_(projection.weight)
+            if projection.bias is not None:
+                torch.nn.init.zeros_(projection.bias)
         self.time.reset_parameters()
 
     @property
@@ -155,19 +184,12 @@ class MetricMultiheadAttention(torch.nn.Module):
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         self._check(query, key, value)
-        batch, num_queries, num_keys = query.size(0), query.size(1), key.size(1)
         q, k = self._embed(query, key)
-        v = self._split_heads(self.v_proj(value))
-        mask = self._sdpa_mask(key_padding_mask, attn_mask, batch, num_queries,
-                               num_keys, q.dtype)
-        out, weights = dense_metric_attention(
-            q, k, v, self.metric, self.time_scale, attn_mask=mask,
-            is_causal=is_causal and attn_mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights, normalization=self.normalization,
-            sinkhorn_iterations=self.sinkhorn_iterations)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, num_queries,
-                                                        self.embed_dim))
+        mask = self._sdpa_mask(key_padding_mask, attn_mask, query.size(0),
+                               query.size(1), key.size(1), q.dtype)
+        out, weights = self._attend(q, k, value, mask,
+                                    is_causal and attn_mask is None,
+                                    need_weights)
         if not self.batch_first:
             out = out.transpose(0, 1)
         if weights is not None and average_attn_weights:
@@ -182,17 +204,28 @@ class MetricMultiheadAttention(torch.nn.Module):
         if batch is not None and not torch.compiler.is_compiling():
             check_batch(batch, x.size(0))
         dense, mask = to_dense_batch(x, batch)  # [B, L, E], [B, L]
-        attn_mask = None
-        if self.normalization != 'row':  # padded queries must take no weight
-            padded_pairs = ~(mask.unsqueeze(2) & mask.unsqueeze(1))  # [B, L, L]
-            attn_mask = padded_pairs.repeat_interleave(self.num_heads, dim=0)
-        if not self.batch_first:
-            dense = dense.transpose(0, 1)
-        out, _ = self(dense, dense, dense, key_padding_mask=~mask,
-                      need_weights=False, attn_mask=attn_mask)
-        if not self.batch_first:
-            out = out.transpose(0, 1)
+        q, k = self._embed(dense, dense)
+        out, _ = self._attend(q, k, dense,
+                              point_set_mask(mask, self.normalization),
+                              is_causal=False, need_weights=False)
         return out[mask]
+
+    def _attend(self, q: Tensor, k: Tensor, value: Tensor,
+                mask: Tensor | None, is_causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Batch-first attention of the embedded ``q``, ``k`` ``[B, H, L, D]``
+        with an SDPA ``mask``: output ``[B, L, E]`` and the per-head weights
+        ``[B, H, L, S]`` (or :obj:`None`)."""
+        v = self._split_heads(self.v_proj(value))
+        out, weights = dense_metric_attention(
+            q, k, v, self.metric, self.time_scale, attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights, normalization=self.normalization,
+            sinkhorn_iterations=self.sinkhorn_iterations,
+            precision=self.precision)
+        out = out.transpose(1, 2).reshape(q.size(0), q.size(2), self.embed_dim)
+        return self.out_proj(out), weights
 
     def _check(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, tensor, width in (('query', query, self.embed_dim),
@@ -206,11 +239,11 @@ class MetricMultiheadAttention(torch.nn.Module):
                              f"key {list(key.shape)}, value {list(value.shape)}")
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        """``[B, L, E]`` -> ``[B, H, L, D]``."""
-        return x.view(x.size(0), x.size(1), self.num_heads,
-                      self.head_dim).transpose(1, 2)
+        """``[B, L, H * K]`` -> ``[B, H, L, K]``."""
+        return x.view(x.size(0), x.size(1), self.num_heads, -1).transpose(1, 2)
 
     def _embed(self, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries and keys in the metric space, ``[B, H, L, D]``."""
         q, k = embed_pair(self.query_map, self.key_map, query, key)
         return self._split_heads(q), self._split_heads(k)
 

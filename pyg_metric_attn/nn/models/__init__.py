@@ -1,4 +1,9 @@
 from pyg_metric_attn.nn.models.decoding import beam_search, greedy_decode
+from pyg_metric_attn.nn.models.diffusion_net import (
+    DiffusionNet,
+    DiffusionNetBlock,
+    DiffusionNetConfig,
+)
 from pyg_metric_attn.nn.models.ipn import IPN
 from pyg_metric_attn.nn.models.mesh_former import (
     MetricMeshFormer,
@@ -12,7 +17,8 @@ from pyg_metric_attn.nn.models.transformer import (
     MetricTransformerEncoderLayer,
 )
 
-__all__ = ['IPN', 'MetricMeshFormer', 'MetricMeshFormerBlock',
+__all__ = ['DiffusionNet', 'DiffusionNetBlock', 'DiffusionNetConfig', 'IPN',
+           'MetricMeshFormer', 'MetricMeshFormerBlock',
            'MetricMeshFormerConfig', 'MetricTransformer', 'PointSetClassifier',
            'MetricTransformerDecoderLayer', 'MetricTransformerEncoderLayer',
            'beam_search', 'greedy_decode']

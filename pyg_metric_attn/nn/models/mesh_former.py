@@ -2,7 +2,7 @@ r"""A metric-attention transformer for mesh vertices: local attention over
 mesh edges plus global attention across each whole mesh."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -16,6 +16,7 @@ from torch_geometric.utils import to_dense_batch
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
 from pyg_metric_attn.nn.heat_diffusion import HeatDiffusion, MeshSpectrum
+from pyg_metric_attn.nn.models.model_config import model_config
 from pyg_metric_attn.nn.normalization import Normalization, check_normalization
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.nn.spatial_gradient import (
@@ -251,18 +252,8 @@ class MetricMeshFormer(torch.nn.Module):
     def __init__(self, in_channels: int, out_channels: int,
                  config: MetricMeshFormerConfig | None = None, **kwargs: Any):
         super().__init__()
-        if config is None:
-            config = MetricMeshFormerConfig()
-        elif not isinstance(config, MetricMeshFormerConfig):
-            raise TypeError(f"'config' must be a MetricMeshFormerConfig, got "
-                            f"{type(config).__name__} {config!r} (the width is "
-                            f"'hidden_channels=...')")
-        unknown = set(kwargs) - {f.name for f in fields(MetricMeshFormerConfig)}
-        if unknown:
-            raise TypeError(f"MetricMeshFormer got unknown arguments "
-                            f"{sorted(unknown)}; the architecture's are the "
-                            f"fields of MetricMeshFormerConfig")
-        config = replace(config, **kwargs)
+        config = model_config(MetricMeshFormerConfig, config, kwargs,
+                              'MetricMeshFormer')
         self.config = config
         self.in_channels, self.out_channels = in_channels, out_channels
         self.global_stride = (config.global_stride if config.global_attention

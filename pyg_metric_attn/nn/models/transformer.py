@@ -1,6 +1,6 @@
 r"""An encoder-decoder Transformer (Vaswani et al. 2017) whose encoder
 self-, decoder self- (causal) and cross-attention are
-:class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention` (``'metric'``,
+:class:`~pyg_metric_attn.nn.MetricMultiheadAttention` (``'metric'``,
 ``'l2'`` or ``'dot'``), as in the paper's Multi30k experiment."""
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from torch_geometric.nn.inits import reset
 
 from pyg_metric_attn.nn.dense.multihead import MetricMultiheadAttention
 from pyg_metric_attn.nn.pseudo_metric import check_metric
-from pyg_metric_attn.nn.time_scale import resolve_time_scale
 
 
 def sinusoidal_positions(length: int, channels: int,
@@ -68,7 +67,7 @@ class MetricTransformerEncoderLayer(_Sublayers):
         attention (str): ``'metric'``, ``'l2'`` or ``'dot'``.
         norm_first (bool): Pre-norm instead of post-norm.
         **attention_kwargs: Further arguments of
-            :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`
+            :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
             (``time_scale``, ``learn_time_scale``, ``mlp_channels``).
     """
     def __init__(self, d_model: int, num_heads: int, dim_feedforward: int = 2048,
@@ -155,8 +154,11 @@ class MetricTransformer(torch.nn.Module):
             (default: :obj:`False`)
         pad_index (int, optional): The padding token. (default: :obj:`0`)
         time_scale (float or str, optional): The attention time scale
-            :math:`t`, or ``'matched'``: :math:`t = 2\sqrt{D}` for
-            :math:`D` = ``d_model / num_heads`` (:math:`1` for ``'dot'``), the
+            :math:`t`, or ``'matched'``: :math:`t = 2\sqrt{D}` for the
+            attention's metric width per head :math:`D` (``d_model /
+            num_heads - 1``, see
+            :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`;
+            :math:`1` for ``'dot'``), the
             logit scale of scaled dot-product attention. The default is the
             paper's :math:`t = 1`, under which each token attends almost only
             to itself at initialisation for :math:`D \gtrsim 8` (see
@@ -181,9 +183,6 @@ class MetricTransformer(torch.nn.Module):
         if d_model % num_heads:
             raise ValueError(f"'d_model' ({d_model}) must be divisible by "
                              f"'num_heads' ({num_heads})")
-        # 'matched' resolves to the same t in every attention block.
-        time_scale = resolve_time_scale(time_scale, attention,
-                                        d_model // num_heads)
         self.d_model = d_model
         self.attention = check_metric(attention)
         self.pad_index = pad_index

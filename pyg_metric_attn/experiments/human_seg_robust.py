@@ -1,0 +1,176 @@
+r"""``pyg-metric-attn experiment human_seg_robust RUN [RUN ...]``: how trained
+human_seg models hold up when the test meshes are made differently.
+
+Every test mesh gets one copy per perturbation of
+:data:`~pyg_metric_attn.geometry.PERTURBATIONS` (loop subdivision,
+decimation to 50-70% of the faces, anisotropic scaling up to 1.3x on one
+axis, vertex jitter of 1% of the bounding box, a random rotation, a random
+renumbering; see :func:`~pyg_metric_attn.geometry.perturb_mesh`), labels
+carried from the original's faces (by the nearest face centroid where the
+connectivity changes). The copies are processed as the training meshes were
+and cached (:class:`~pyg_metric_attn.datasets.PerturbedMeshes`: seeded,
+written atomically, verified on load) under ``--variants-dir`` (default:
+``PROCESSED/robustness``, beside the test set's processed files).
+
+Each run folder (written by ``pyg-metric-attn train human_seg ... --out
+RUN``; best checkpoint) is scored on the original test meshes and on every
+perturbed set: hard face accuracy, its drop from the original's in points,
+and the agreement of the predictions with the original's (each face
+compared with the original face it stems from; rotation and renumbering
+should change no prediction). Written to ``--out``: ``results.json``,
+``summary.md`` (a table per run and one of the drops of all runs) and
+``human_seg_robust.png``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from pyg_metric_attn.utils.io import atomic_writer, write_results
+
+NAME = 'human_seg_robust'
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('runs', nargs='+', metavar='RUN',
+                        help='run folders written by train human_seg')
+    parser.add_argument('--root', help="the runs' human_seg folder, where it "
+                        'moved (default: as each run recorded it)')
+    parser.add_argument('--processed-dir', help="the runs' processed files, "
+                        'where they moved (default: as recorded)')
+    parser.add_argument('--variants-dir', help='where the perturbed test '
+                        'meshes are cached (default: PROCESSED/robustness)')
+    parser.add_argument('--perturbations', help='comma-separated, of '
+                        'subdivision, decimation, anisotropic_scaling, '
+                        'jitter, rotation, renumbering (default: all)')
+    parser.add_argument('--seed', type=int, default=0,
+                        help='seed of the perturbations')
+    parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
+    parser.add_argument('--no-progress', action='store_true')
+
+
+def score(task: Any, model: torch.nn.Module, perturbations: list[str],
+          seed: int, variants_dir: str | Path | None = None,
+          progress: bool = False) -> list[dict[str, Any]]:
+    """One row per mesh set, the original test meshes first, then each
+    perturbation's copies: ``faces``, ``face_acc``, ``drop`` (points below
+    the original's), ``agreement`` (share of faces predicted as the original
+    face they stem from) and ``mesh_face_acc`` (per mesh)."""
+    from pyg_metric_attn.datasets import PerturbedMeshes
+
+    test = task.split_meshes('test')
+    if variants_dir is None:
+        variants_dir = Path(test.processed_root) / 'robustness'
+    originals = [task.predict(model, mesh) for mesh in test]
+    sets = [('original', test)]
+    for perturbation in perturbations:
+        sets.append((perturbation, PerturbedMeshes(
+            variants_dir, test, perturbation, seed,
+            pre_transform=task.preprocessing,
+            num_workers=task.config.num_workers, log=progress)))
+    rows = []
+    for name, meshes in tqdm(sets, desc=NAME, disable=not progress):
+        correct = agree = faces = 0
+        per_mesh = []
+        for mesh, original in zip(meshes, originals, strict=True):
+            predicted = (original if name == 'original'
+                         else task.predict(model, mesh))
+            source = mesh.source_face if name != 'original' else slice(None)
+            hits = int((predicted == mesh.y).sum())
+            correct += hits
+            agree += int((predicted == original[source]).sum())
+            faces += mesh.y.numel()
+            per_mesh.append(hits / mesh.y.numel())
+        rows.append(dict(perturbation=name, faces=faces,
+                         face_acc=correct / faces, agreement=agree / faces,
+                         mesh_face_acc=per_mesh))
+    for row in rows:
+        row['drop'] = 100 * (rows[0]['face_acc'] - row['face_acc'])
+    return rows
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    lines = [f"Face accuracy of trained human_seg runs on perturbed copies of "
+             f"the {results['meshes']} test meshes (seed {results['seed']}); "
+             f"drop: points below the original; agreement: faces predicted "
+             f"as the original face they stem from.", '']
+    for run in results['runs']:
+        lines += [run['description'], '',
+                  '| mesh set | faces | face acc % | drop (points) | '
+                  'agreement % |', '|---|---|---|---|---|']
+        lines += [f"| {row['perturbation']} | {row['faces']} | "
+                  f"{100 * row['face_acc']:.2f} | {row['drop']:.2f} | "
+                  f"{100 * row['agreement']:.2f} |" for row in run['rows']]
+        lines.append('')
+    names = [row['perturbation'] for row in results['runs'][0]['rows'][1:]]
+    lines += ['Drop in points per perturbation (worst: the largest):', '',
+              '| run | original % | ' + ' | '.join(names) + ' | worst |',
+              '|' + '---|' * (len(names) + 3)]
+    for run in results['runs']:
+        drops = [row['drop'] for row in run['rows'][1:]]
+        lines.append(f"| {run['run']} | {100 * run['rows'][0]['face_acc']:.2f}"
+                     f" | " + ' | '.join(f'{d:.2f}' for d in drops)
+                     + f' | {max(drops):.2f} |')
+    return '\n'.join(lines) + '\n'
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    from pyg_metric_attn.visualization import file_figure
+
+    write_results(out, results, summary_table(results))
+    runs = results['runs']
+    names = [row['perturbation'] for row in runs[0]['rows'][1:]]
+    figure = file_figure(figsize=(12, 4.2))
+    width = 0.8 / len(runs)
+    for panel, (key, scale, label) in enumerate((
+            ('drop', 1, 'face accuracy drop (points)'),
+            ('agreement', 100, 'agreement with the original (%)'))):
+        ax = figure.add_subplot(1, 2, panel + 1)
+        for index, run in enumerate(runs):
+            ax.bar([i + (index - (len(runs) - 1) / 2) * width
+                    for i in range(len(names))],
+                   [scale * row[key] for row in run['rows'][1:]], width,
+                   label=Path(run['run']).name)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha='right')
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis='y')
+    ax.set_ylim(min(100 * row['agreement'] for run in runs
+                    for row in run['rows']) - 2, 100.5)
+    ax.legend(fontsize=8)
+    figure.suptitle(f"human_seg test meshes, perturbed (seed "
+                    f"{results['seed']})")
+    figure.tight_layout()
+    with atomic_writer(out / f'{NAME}.png') as file:
+        figure.savefig(file, format='png', dpi=110)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pyg_metric_attn.experiments.heat_limit import parse_names
+    from pyg_metric_attn.experiments.run_folder import load_run
+    from pyg_metric_attn.geometry import PERTURBATIONS
+
+    perturbations = (parse_names(args.perturbations, PERTURBATIONS,
+                                 'perturbation')
+                     if args.perturbations else list(PERTURBATIONS))
+    overrides = {key: getattr(args, key) for key in ('root', 'processed_dir')
+                 if getattr(args, key) is not None}
+    out = Path(args.out or Path('runs') / NAME)
+    results: dict[str, Any] = dict(seed=args.seed, perturbations=perturbations,
+                                   runs=[])
+    for run in args.runs:
+        task, model, description = load_run(run, 'human_seg', overrides,
+                                             f'experiment {NAME}')
+        print(description)
+        rows = score(task, model, perturbations, args.seed, args.variants_dir,
+                     not args.no_progress)
+        results['meshes'] = len(rows[0]['mesh_face_acc'])
+        results['runs'].append(dict(run=str(run), description=description,
+                                    rows=rows))
+    write(results, out)
+    print(f'\n{NAME}: results in {out}/\n')
+    print(summary_table(results))
+    return 0

@@ -1,0 +1,175 @@
+r"""Attention logits and their precision policy, shared by the dense
+(:mod:`~pyg_metric_attn.nn.functional`) and the sparse
+(:mod:`~pyg_metric_attn.nn.sparse_attention`) paths.
+
+The logits are :math:`s_{ij} = -\|q_i - k_j\|^2 / t` (``'metric'``,
+``'l2'``) or :math:`q_i^\top k_j / (\sqrt{D}\, t)` (``'dot'``). The fused
+kernels compute the distance logits in the expanded form: since
+:math:`\|q_i\|^2` is constant along a softmax row,
+
+.. math::
+    \mathrm{softmax}_j\!\left(-\|q_i - k_j\|^2 / t\right)
+    = \mathrm{softmax}_j\!\left((2\, q_i^\top k_j - \|k_j\|^2) / t\right),
+
+a dot product with the factor :func:`logit_scale` (``2/t``; ``'dot'``:
+``1/(sqrt(D) t)``) plus a per-key term.
+
+Precision. Distances are translation invariant, so queries and keys are
+first shifted by the mean of the keys of their own softmax
+(:func:`centred`: per batch element and head, counting only finite keys that
+some query may attend to): sets far apart (the graphs of a mini-batch around
+``+c`` and ``-c``), padding and a NaN or infinite point do not move a
+centre, so a non-finite point stays confined to its own softmax. The
+expanded form still rounds each logit by about
+
+.. math::
+    u \sqrt{D}\, (\max\|q\| + \max\|k\|)^2 / t
+
+for the centred points (``u``: the unit roundoff of float32, or of float64
+for float64 inputs; ``'dot'``: :math:`u \max\|q\| \max\|k\| / t`), because
+it cancels large terms: large when the points are spread far apart within
+one softmax, infinite when they are so large that the expanded form
+overflows (or when a point is infinite). :func:`rounding_error` estimates it
+on the device; the policy ``precision`` decides what happens above
+:data:`LOGIT_ROUNDING_TOLERANCE` (``1e-3``):
+
+* ``'checked'`` (the default): :func:`expanded_logits_are_accurate` reads the
+  estimate back to the host, and above the tolerance the call takes an exact
+  path (dense: explicit float64 logits from direct differences,
+  :math:`O(L_q L_k)` memory; sparse: see
+  :mod:`~pyg_metric_attn.nn.sparse_attention`),
+  which is finite for all finite inputs. The read is one host
+  synchronisation per call and, under :func:`torch.compile`, one graph break
+  (``fullgraph=True`` rejects it).
+* ``'fast'`` (dense path only): no check, no synchronisation, one graph:
+  the centred expanded form always runs. Its results match the checked ones
+  wherever the estimate is within the tolerance (e.g. unit-scale embeddings
+  at :math:`t \ge 1`); beyond it the logits carry the rounding above, and
+  points that overflow the expanded form give non-finite outputs within
+  their own softmax. A data-dependent exact fallback cannot be chosen
+  without the host reading the estimate (or computing both paths), so the
+  sync-free policy is a choice the caller makes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from pyg_metric_attn.nn.pseudo_metric import check_metric
+
+# The largest estimated rounding error of a fused (expanded-form) logit that
+# the 'checked' policy accepts; above it the exact path runs.
+LOGIT_ROUNDING_TOLERANCE = 1e-3
+
+PRECISIONS = ('checked', 'fast')
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it names a policy, else a :class:`ValueError`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision '{precision}'; expected one of "
+                         f"{PRECISIONS}")
+    return precision
+
+
+def logit_scale(metric: str, dim: int,
+                time_scale: float | Tensor) -> float | Tensor:
+    r"""The factor on :math:`q_i^\top k_j` in the logits: :math:`1 /
+    (\sqrt{D}\, t)` for ``'dot'`` (``dim`` :math:`= D`), :math:`2 / t` for
+    the expanded distance logits."""
+    if metric == 'dot':
+        return 1.0 / (math.sqrt(dim) * time_scale)
+    return 2.0 / time_scale
+
+
+def attention_logits(query: Tensor, key: Tensor, metric: str,
+                     time_scale: float | Tensor = 1.0) -> Tensor:
+    r"""The explicit ``[..., L_q, L_k]`` logit matrix (no masking); distances
+    come from direct differences, so large offsets cost no precision."""
+    check_metric(metric)
+    if metric == 'dot':
+        return (query @ key.transpose(-1, -2)) * logit_scale(
+            metric, query.size(-1), time_scale)
+    distance = torch.cdist(query, key,
+                           compute_mode='donot_use_mm_for_euclid_dist')
+    return -distance.square() / time_scale
+
+
+def centred(query: Tensor, key: Tensor, dim: int = -2,
+            mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Shift queries and keys by the mean key along ``dim`` (a constant for
+    autograd): distances are unchanged, the expanded form
+    ``|q|^2 - 2 q.k + |k|^2`` loses no precision to large offsets.
+
+    Only finite keys count (a NaN or infinite key does not move the centre),
+    and with ``mask`` (boolean, broadcastable to ``key`` with size 1 in the
+    last dimension) only the keys where it is :obj:`True`; with no key left
+    the centre is zero. In 16-bit dtypes the centre is rounded to a multiple
+    of the unit in the last place of the largest counted coordinate, so that
+    the shift itself rounds (almost) nothing: a centre near the origin
+    becomes zero (in bfloat16 a rounded shift would cost more than it
+    gains), one far from it is subtracted exactly (float32 and float64 lose
+    too little to the shift to pay for that pass). Torch ops on the device,
+    no synchronisation."""
+    key_data = key.detach()
+    # A key counts where its coordinate sum is finite (cheaper than checking
+    # each coordinate; a finite key whose sum overflows just does not count).
+    counted = key_data.sum(-1, keepdim=True).isfinite()
+    if mask is not None:
+        counted = counted & mask
+    count = counted.sum(dim, keepdim=True).clamp(min=1)
+    counted_keys = torch.where(counted, key_data, 0)
+    finfo = torch.finfo(key.dtype)
+    grid = None
+    if finfo.bits <= 16:
+        largest = torch.linalg.vector_norm(counted_keys, ord=math.inf,
+                                           dim=(dim, -1), keepdim=True)
+        grid = (torch.exp2(largest.clamp(min=finfo.tiny).log2().floor())
+                * finfo.eps)
+    # Divide before summing: no overflow even for keys near the dtype's max.
+    centre = counted_keys.div_(count).sum(dim, keepdim=True)
+    if grid is not None:
+        centre = centre.div(grid).round().mul(grid)
+    shifted_key = key - centre
+    # Self-attention with a tied map: shift once (and keep `query is key`).
+    return (shifted_key if query is key else query - centre), shifted_key
+
+
+def rounding_error(query: Tensor, key: Tensor, metric: str,
+                   time_scale: float | Tensor) -> Tensor:
+    """The estimated rounding error of an expanded-form logit (see the module
+    docstring), a float64 scalar on the device (no synchronisation): ``inf``
+    for an infinite point or an overflowing norm; NaN points are ignored."""
+    rounding = torch.finfo(torch.promote_types(query.dtype,
+                                               torch.float32)).eps / 2
+    key_norm = _largest_norm(key)
+    query_norm = key_norm if query is key else _largest_norm(query)
+    if metric == 'dot':
+        error = query_norm * key_norm
+    else:
+        error = math.sqrt(query.size(-1)) * (query_norm + key_norm).square()
+    time_scale = torch.as_tensor(time_scale).detach().to(error.device).double()
+    return rounding * error / time_scale.abs()
+
+
+@torch.compiler.disable
+def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
+                                 time_scale: float | Tensor) -> bool:
+    """Whether :func:`rounding_error` is within ``LOGIT_ROUNDING_TOLERANCE``:
+    the ``'checked'`` policy's decision, read back to the host (one
+    synchronisation; under :func:`torch.compile` it runs eagerly, one graph
+    break)."""
+    error = rounding_error(query, key, metric, time_scale)
+    return bool(error <= LOGIT_ROUNDING_TOLERANCE)
+
+
+def _largest_norm(points: Tensor) -> Tensor:
+    """The largest Euclidean norm of a point (rows along the last dimension)
+    as a float64 scalar, ignoring NaN rows; infinite entries and norms that
+    overflow the points' dtype count as infinite. 0 without any point."""
+    norms = torch.linalg.vector_norm(points.detach(), dim=-1)
+    if not norms.numel():
+        return norms.new_zeros((), dtype=torch.float64)
+    return norms.nan_to_num(nan=0.0, posinf=math.inf).max().double()

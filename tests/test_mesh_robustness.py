@@ -1,0 +1,125 @@
+"""The robustness set: perturbed copies of meshes with their labels carried
+and the correspondence stored, cached and seeded, and the
+``experiment human_seg_robust`` command that scores trained runs on them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import trimesh
+
+from pyg_metric_attn.cli import main
+from pyg_metric_attn.datasets import PerturbedMeshes, SyntheticHumans, mesh_data
+from pyg_metric_attn.geometry import PERTURBATIONS, perturb_mesh
+from pyg_metric_attn.geometry.perturbations import JITTER, MAX_STRETCH
+from pyg_metric_attn.transforms import MeshPreprocessing
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+PREPROCESS = MeshPreprocessing(16, 4)
+
+
+def labelled_capsule() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A capsule along z with faces labelled by height (three bands)."""
+    mesh = trimesh.creation.capsule(height=2.0, radius=0.5, count=[16, 16])
+    pos, face = np.asarray(mesh.vertices), np.asarray(mesh.faces)
+    labels = np.digitize(pos[face].mean(axis=1)[:, 2], [-0.5, 0.5])
+    return pos, face, labels
+
+
+@pytest.mark.parametrize('kind', PERTURBATIONS)
+def test_perturbations_keep_the_surface_and_map_faces_back(kind):
+    pos, face, labels = labelled_capsule()
+    new_pos, new_face, source = perturb_mesh(pos, face, kind,
+                                             np.random.default_rng(0))
+    assert source.shape == (len(new_face),) and source.max() < len(face)
+    assert np.isin(np.arange(len(new_pos)), new_face).all()  # no loose vertex
+    # Carried labels: the label of the height band the new face lies in,
+    # except near the band borders (or after the stretch of one axis).
+    centroid_z = new_pos[new_face].mean(axis=1)[:, 2]
+    if kind == 'anisotropic_scaling':
+        centroid_z = centroid_z / (new_pos[:, 2].max() / pos[:, 2].max())
+    if kind != 'rotation':
+        bands = np.digitize(centroid_z, [-0.5, 0.5])
+        assert (labels[source] == bands).mean() > 0.9
+    expected_faces = {'subdivision': (4 * len(face),) * 2,
+                      'decimation': (0.45 * len(face), 0.75 * len(face))}
+    low, high = expected_faces.get(kind, (len(face), len(face)))
+    assert low <= len(new_face) <= high
+    if kind in ('rotation', 'renumbering'):  # the same triangles, moved
+        old_corners = np.sort(np.linalg.norm(pos[face[source]], axis=2), axis=1)
+        new_corners = np.sort(np.linalg.norm(new_pos[new_face], axis=2), axis=1)
+        np.testing.assert_allclose(new_corners, old_corners, atol=1e-12)
+    if kind == 'jitter':
+        diagonal = np.linalg.norm(np.ptp(pos, axis=0))
+        rms = np.sqrt(np.square(new_pos - pos).sum(axis=1).mean())
+        assert 0.8 * JITTER * diagonal < rms < 1.2 * JITTER * diagonal
+    if kind == 'anisotropic_scaling':
+        stretch = np.ptp(new_pos, axis=0) / np.ptp(pos, axis=0)
+        assert (np.sort(stretch)[:2] == 1).all()
+        assert 1 <= stretch.max() <= MAX_STRETCH
+    with pytest.raises(ValueError, match="Unknown perturbation 'twist'"):
+        perturb_mesh(pos, face, 'twist', np.random.default_rng(0))
+
+
+def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path):
+    pos, face, labels = labelled_capsule()
+    meshes = [PREPROCESS(mesh_data(pos, face, 'capsule', face_labels=labels))]
+    first = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
+                            pre_transform=PREPROCESS, num_workers=1, log=False)
+    copy = first[0]
+    assert torch.equal(copy.y, meshes[0].y[copy.source_face])
+    files = sorted(tmp_path.rglob('decimation_seed3_*.pt'))
+    assert len(files) == 1
+    written = files[0].stat().st_mtime_ns
+    again = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
+                            pre_transform=PREPROCESS, num_workers=1, log=False)
+    assert files[0].stat().st_mtime_ns == written  # read, not made again
+    assert torch.equal(again[0].pos, copy.pos)
+    other = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=4,
+                            pre_transform=PREPROCESS, num_workers=1, log=False)
+    assert other[0].face.shape != copy.face.shape or not torch.equal(
+        other[0].pos, copy.pos)
+    files[0].write_bytes(files[0].read_bytes()[:-10])  # a torn file
+    with pytest.warns(UserWarning, match='Re-processing'):
+        repaired = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
+                                   pre_transform=PREPROCESS, num_workers=1,
+                                   log=False)
+    assert torch.equal(repaired[0].pos, copy.pos)
+    with pytest.raises(ValueError, match="Unknown perturbation 'twist'"):
+        PerturbedMeshes(tmp_path, meshes, 'twist')
+
+
+def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
+    root = tmp_path / 'synthetic'
+    SyntheticHumans(str(root), 'test', 1, num_workers=1,
+                    pre_transform=MeshPreprocessing(32, 16, 32, True), log=False)
+    options = [arg for key, value in dict(
+        synthetic_root=root, synthetic_train=1, synthetic_test=1,
+        num_workers=1, k=32, batch_size=1, diffusionnet_hidden_channels=8,
+        diffusionnet_num_layers=1).items() for arg in ('-o', f'{key}={value}')]
+    run = tmp_path / 'run'
+    assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
+                 '--out', str(run), '--no-progress', *options]) == 0
+    out = tmp_path / 'robust'
+    assert main(['experiment', 'human_seg_robust', str(run), '--out', str(out),
+                 '--no-progress']) == 0
+    results = json.loads((out / 'results.json').read_text())
+    rows = {row['perturbation']: row for row in results['runs'][0]['rows']}
+    assert list(rows) == ['original', *PERTURBATIONS]
+    assert rows['original']['drop'] == 0 and rows['original']['agreement'] == 1
+    assert rows['subdivision']['faces'] == 4 * rows['original']['faces']
+    # DiffusionNet on HKS sees neither the pose nor the numbering.
+    assert rows['renumbering']['agreement'] > 0.99
+    assert rows['rotation']['agreement'] > 0.99
+    for row in rows.values():
+        assert row['drop'] == pytest.approx(
+            100 * (rows['original']['face_acc'] - row['face_acc']))
+    assert (out / 'human_seg_robust.png').stat().st_size > 0
+    assert '| renumbering |' in (out / 'summary.md').read_text()
+    assert sorted(p.name.split('_seed')[0] for p in
+                  (root / 'processed').rglob('robustness/*/*_seed0_*.pt')) == \
+        sorted(PERTURBATIONS)
+    assert 'worst' in capsys.readouterr().out
