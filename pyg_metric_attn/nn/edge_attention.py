@@ -98,11 +98,11 @@ def choose_backend(backend: str, layer: MessagePassing, values: Tensor,
         return 'scatter'
     if backend != 'auto':
         return backend
-    if torch.compiler.is_compiling():
-        return 'scatter'
     if (values.device.type == 'cuda' and HAVE_TRITON
             and values.dtype in TRITON_DTYPES and normalization == 'row'):
-        return 'triton'
+        return 'triton'  # custom operators: one graph under torch.compile too
+    if torch.compiler.is_compiling():
+        return 'scatter'  # the fused kernels are opaque to torch.compile
     if (values.device.type == 'cpu'
             and values.dtype in (torch.float32, torch.float64)):
         return 'fused'
@@ -261,7 +261,6 @@ def fused_attention(graph: LayerGraph, query: Tensor, key: Tensor,
     return (mean_over_edges(out, csr.ptr) if mean else out), weights
 
 
-@torch.compiler.disable  # a Triton kernel: opaque to torch.compile
 def triton_attention(graph: LayerGraph, query: Tensor, key: Tensor,
                      value: Tensor, metric: str, time_scale: float | Tensor,
                      edge_bias: OptTensor = None, dropout_p: float = 0.0,

@@ -150,8 +150,9 @@ class MetricAttentionConv(MessagePassing):
             ``'scatter'`` while hooks or explain mode need the messages;
             ``'auto'`` takes it for an ``aggr`` other than
             ``'add'``/``'sum'``/``'mean'`` (which ``'fused'`` and
-            ``'triton'`` refuse), under :func:`torch.compile` and under
-            :func:`torch.jit.trace` (which cannot trace the other two).
+            ``'triton'`` refuse), under :func:`torch.compile` where
+            ``'triton'`` does not apply, and under :func:`torch.jit.trace`
+            (which cannot trace the other two).
             ``'triton'`` computes only ``normalization='row'`` (``'auto'``
             then takes ``'fused'`` or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
