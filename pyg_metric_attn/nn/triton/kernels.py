@@ -113,10 +113,34 @@ def _ranges(RANGE):
 
 
 @triton.jit
-def _item(SCHED, n_items, it):
-    """A work item: (segment or -1, first entry, end entry, slot or -1)."""
-    return (tl.load(SCHED + it), tl.load(SCHED + n_items + it),
+def _lanes(D, C, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The feature offsets and masks ``(offs_d, offs_c, dmask, cmask)``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_c = tl.arange(0, BLOCK_C)
+    return offs_d, offs_c, offs_d < D, offs_c < C
+
+
+@triton.jit
+def _seed(SEED, DROPOUT: tl.constexpr):
+    return tl.load(SEED).to(tl.int32) if DROPOUT else 0
+
+
+@triton.jit
+def _work_item(SCHED, n_items):
+    """This program's item and head: ``(item, head, segment or -1, first
+    entry, end entry, scratch slot or -1)``."""
+    it = tl.program_id(0)
+    return (it, tl.program_id(1), tl.load(SCHED + it), tl.load(SCHED + n_items + it),
             tl.load(SCHED + 2 * n_items + it), tl.load(SCHED + 3 * n_items + it))
+
+
+@triton.jit
+def _split_segment(SPLIT, n_split):
+    """This program's split segment and head: ``(head, segment or -1, first
+    slot, end slot)``."""
+    sid = tl.program_id(0)
+    return (tl.program_id(1), tl.load(SPLIT + sid), tl.load(SPLIT + n_split + sid),
+            tl.load(SPLIT + 2 * n_split + sid))
 
 
 @triton.jit
@@ -150,6 +174,20 @@ def _logits(a, b, scale, BIAS, e, h, H, emask, inv_r,
 
 
 @triton.jit
+def _row_tile(e0, hi, COL, K, BIAS, q, h, H, D, offs_d, dmask, scale, inv_ck, inv_r,
+              DOT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """``BLOCK_E`` edges of a row from ``e0`` (masked at ``hi``): ``(e, emask,
+    j, k, s0, s, q - k)`` with the sources ``j``, their keys and logits."""
+    e = e0 + tl.arange(0, BLOCK_E)
+    emask = e < hi
+    j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
+    k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
+    s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask, inv_r, DOT,
+                          HAS_BIAS)
+    return e, emask, j, k, s0, s, diff
+
+
+@triton.jit
 def _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE: tl.constexpr):
     """``z``: ``1 / (1 - p)`` for a kept edge, 0 for a dropped one."""
     off = e.to(tl.int64) * H + h
@@ -170,6 +208,21 @@ def _row_state(STATS, i, h, H, mask):
 def _probabilities(s, m, log_l, emask, r_a, r_b):
     """The softmax weights recomputed from the row state (0 off the mask)."""
     return tl.where(emask, tl.exp((s - m) * r_a * r_b - log_l), 0.0)
+
+
+@triton.jit
+def _logit_gradient(p, dp, GW, e, h, H, emask, delta, seed, p_drop, drop_scale,
+                    HAS_GW: tl.constexpr, DROPOUT: tl.constexpr, WIDE: tl.constexpr):
+    """``(ds, p z)`` from ``dp = dout . v``: the weights' own gradient joins
+    ``dp``, dropout scales both, ``ds = p (z dp - D_i)``."""
+    if HAS_GW:
+        dp += tl.load(GW + e * H + h, mask=emask, other=0.0).to(tl.float32)
+    pz = p
+    if DROPOUT:
+        z = _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
+        dp = dp * z
+        pz = p * z
+    return p * (dp - delta), pz
 
 
 @triton.jit
@@ -209,9 +262,7 @@ def forward_kernel(Q, K, V, BIAS, ABSMAX, TS, RANGE, SEED, COL, SCHED, n_items,
     """Online softmax over one row (chunk): ``out``, the row state, the mean
     logit; a chunk of a split row writes ``(m, l, mean, acc)`` to scratch.
     The first program publishes the range constants to ``RANGE``."""
-    it = tl.program_id(0)
-    h = tl.program_id(1)
-    row, lo, hi, slot = _item(SCHED, n_items, it)
+    it, h, row, lo, hi, slot = _work_item(SCHED, n_items)
     inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _range_constants(
         ABSMAX, TS, D, DOT)
     if (it == 0) & (h == 0):
@@ -224,23 +275,17 @@ def forward_kernel(Q, K, V, BIAS, ABSMAX, TS, RANGE, SEED, COL, SCHED, n_items,
         tl.store(RANGE + 6, grad_q)
         tl.store(RANGE + 7, grad_k)
     if row >= 0:
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_c = tl.arange(0, BLOCK_C)
-        dmask = offs_d < D
-        cmask = offs_c < C
+        offs_d, offs_c, dmask, cmask = _lanes(D, C, BLOCK_D, BLOCK_C)
         q = _vector(Q, row, h, H, D, offs_d, dmask) * inv_cq
-        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        seed = _seed(SEED, DROPOUT)
         m_i = tl.full([], float('-inf'), tl.float32)
         l_i = tl.full([], 0.0, tl.float32)
         ms_i = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_C], tl.float32)
         for e0 in range(lo, hi, BLOCK_E):
-            e = e0 + tl.arange(0, BLOCK_E)
-            emask = e < hi
-            j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
-            k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
-            s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask, inv_r,
-                               DOT, HAS_BIAS)
+            e, emask, j, k, s0, s, diff = _row_tile(
+                e0, hi, COL, K, BIAS, q, h, H, D, offs_d, dmask, scale, inv_ck,
+                inv_r, DOT, HAS_BIAS, BLOCK_E)
             s = tl.where(emask, s, float('-inf'))
             m_new = tl.maximum(m_i, tl.max(s, 0))
             m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
@@ -269,12 +314,8 @@ def combine_forward_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, STATS, MEAN,
                            RANGE, H, C, NEED_MEAN: tl.constexpr,
                            BLOCK_C: tl.constexpr):
     """Merge the chunks of a split row, in chunk order (flash-decoding)."""
-    sid = tl.program_id(0)
-    h = tl.program_id(1)
-    row = tl.load(SPLIT + sid)
+    h, row, lo, hi = _split_segment(SPLIT, n_split)
     if row >= 0:
-        lo = tl.load(SPLIT + n_split + sid)
-        hi = tl.load(SPLIT + 2 * n_split + sid)
         offs_c = tl.arange(0, BLOCK_C)
         cmask = offs_c < C
         inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
@@ -302,12 +343,8 @@ def combine_forward_kernel(SPLIT, n_split, PART_ML, PART_ACC, OUT, STATS, MEAN,
 @triton.jit
 def segment_sum_kernel(SPLIT, n_split, PART, OUT, H, W, BLOCK_W: tl.constexpr):
     """``OUT[seg, h, :] =`` the sum of the segment's scratch slots, in order."""
-    sid = tl.program_id(0)
-    h = tl.program_id(1)
-    seg = tl.load(SPLIT + sid)
+    h, seg, lo, hi = _split_segment(SPLIT, n_split)
     if seg >= 0:
-        lo = tl.load(SPLIT + n_split + sid)
-        hi = tl.load(SPLIT + 2 * n_split + sid)
         offs = tl.arange(0, BLOCK_W)
         wmask = offs < W
         acc = tl.zeros([BLOCK_W], tl.float32)
@@ -338,8 +375,8 @@ def weights_kernel(Q, K, BIAS, RANGE, SEED, ROW, COL, STATS, WEIGHTS, E, H, D,
     m, log_l = _row_state(STATS, i, h, H, emask)
     p = _probabilities(s, m, log_l, emask, r_a, r_b)
     if DROPOUT:
-        p = p * _dropout_scale(tl.load(SEED).to(tl.int32), e, h, H, p_drop,
-                               drop_scale, WIDE)
+        p = p * _dropout_scale(_seed(SEED, DROPOUT), e, h, H, p_drop, drop_scale,
+                               WIDE)
     tl.store(WEIGHTS + e * H + h, p.to(WEIGHTS.dtype.element_ty), mask=emask)
 
 
@@ -355,16 +392,11 @@ def backward_rows_kernel(Q, K, V, BIAS, RANGE, SEED, COL, SCHED, n_items, STATS,
                          BLOCK_C: tl.constexpr):
     """Over the rows: ``dq``, ``db``, ``dt`` partials (and ``dk``, ``dv`` by
     atomics if ``ATOMIC_KV``)."""
-    it = tl.program_id(0)
-    h = tl.program_id(1)
-    row, lo, hi, slot = _item(SCHED, n_items, it)
+    it, h, row, lo, hi, slot = _work_item(SCHED, n_items)
     if row >= 0:
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_c = tl.arange(0, BLOCK_C)
-        dmask = offs_d < D
-        cmask = offs_c < C
+        offs_d, offs_c, dmask, cmask = _lanes(D, C, BLOCK_D, BLOCK_C)
         inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
-        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        seed = _seed(SEED, DROPOUT)
         q = _vector(Q, row, h, H, D, offs_d, dmask) * inv_cq
         do = _vector(DOUT, row, h, H, C, offs_c, cmask)
         m, log_l = _row_state(STATS, row, h, H, True)
@@ -373,23 +405,14 @@ def backward_rows_kernel(Q, K, V, BIAS, RANGE, SEED, COL, SCHED, n_items, STATS,
         dq = tl.zeros([BLOCK_D], tl.float32)
         dt = tl.zeros([BLOCK_E], tl.float32)
         for e0 in range(lo, hi, BLOCK_E):
-            e = e0 + tl.arange(0, BLOCK_E)
-            emask = e < hi
-            j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
-            k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
-            s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask, inv_r,
-                                  DOT, HAS_BIAS)
+            e, emask, j, k, s0, s, diff = _row_tile(
+                e0, hi, COL, K, BIAS, q, h, H, D, offs_d, dmask, scale, inv_ck,
+                inv_r, DOT, HAS_BIAS, BLOCK_E)
             p = _probabilities(s, m, log_l, emask, r_a, r_b)
             v = _gather(V, j, h, H, C, offs_c, emask, cmask)
-            dp = tl.sum(do[None, :] * v, 1)
-            if HAS_GW:
-                dp += tl.load(GW + e * H + h, mask=emask, other=0.0).to(tl.float32)
-            pz = p
-            if DROPOUT:
-                z = _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
-                dp = dp * z
-                pz = p * z
-            ds = p * (dp - delta)
+            ds, pz = _logit_gradient(p, tl.sum(do[None, :] * v, 1), GW, e, h, H,
+                                     emask, delta, seed, p_drop, drop_scale, HAS_GW,
+                                     DROPOUT, WIDE)
             if NEED_DB:
                 tl.store(DB + e * H + h, ds.to(DB.dtype.element_ty), mask=emask)
             if NEED_DT:
@@ -426,16 +449,11 @@ def backward_columns_kernel(Q, K, V, BIAS, RANGE, SEED, CSC_ROW, CSC_EDGE, SCHED
                             WIDE: tl.constexpr, BLOCK_E: tl.constexpr,
                             BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """Over the transpose (deterministic): ``dk``, ``dv`` of one source (chunk)."""
-    it = tl.program_id(0)
-    h = tl.program_id(1)
-    col, lo, hi, slot = _item(SCHED, n_items, it)
+    it, h, col, lo, hi, slot = _work_item(SCHED, n_items)
     if col >= 0:
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_c = tl.arange(0, BLOCK_C)
-        dmask = offs_d < D
-        cmask = offs_c < C
+        offs_d, offs_c, dmask, cmask = _lanes(D, C, BLOCK_D, BLOCK_C)
         inv_cq, inv_ck, scale, r_a, r_b, inv_r, grad_q, grad_k = _ranges(RANGE)
-        seed = tl.load(SEED).to(tl.int32) if DROPOUT else 0
+        seed = _seed(SEED, DROPOUT)
         k = _vector(K, col, h, H, D, offs_d, dmask) * inv_ck
         v = _vector(V, col, h, H, C, offs_c, cmask)
         dk = tl.zeros([BLOCK_D], tl.float32)
@@ -451,16 +469,10 @@ def backward_columns_kernel(Q, K, V, BIAS, RANGE, SEED, CSC_ROW, CSC_EDGE, SCHED
             m, log_l = _row_state(STATS, i, h, H, emask)
             p = _probabilities(s, m, log_l, emask, r_a, r_b)
             do = _gather(DOUT, i, h, H, C, offs_c, emask, cmask)
-            dp = tl.sum(do * v[None, :], 1)
-            if HAS_GW:
-                dp += tl.load(GW + e * H + h, mask=emask, other=0.0).to(tl.float32)
-            pz = p
-            if DROPOUT:
-                z = _dropout_scale(seed, e, h, H, p_drop, drop_scale, WIDE)
-                dp = dp * z
-                pz = p * z
             delta = tl.load(DELTA + i * H + h, mask=emask, other=0.0)
-            ds = p * (dp - delta)
+            ds, pz = _logit_gradient(p, tl.sum(do * v[None, :], 1), GW, e, h, H,
+                                     emask, delta, seed, p_drop, drop_scale, HAS_GW,
+                                     DROPOUT, WIDE)
             dv += tl.sum(pz[:, None] * do, 0)
             if DOT:
                 dk += tl.sum(ds[:, None] * q, 0) * grad_k
