@@ -92,11 +92,10 @@ class LaunchConfig:
 
 # ---------------------------------------------------------------- forward
 
-@torch.library.custom_op('pyg_metric_attn::triton_attention', mutates_args=())
-def attention(query: Tensor, key: Tensor, value: Tensor, time_scale: Tensor,
-              edge_bias: Tensor | None, seed: Tensor | None, graph: list[Tensor],
-              chunk: int, metric: str, dropout_p: float, need_weights: bool,
-              need_mean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward(query: Tensor, key: Tensor, value: Tensor, time_scale: Tensor,
+             edge_bias: Tensor | None, seed: Tensor | None, graph: list[Tensor],
+             chunk: int, metric: str, dropout_p: float, need_weights: bool,
+             need_mean: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(out, stats, mean, weights, ranges)``: ``out`` ``[N_dst,
     H, C]``; ``stats`` the row state float32 ``[N_dst, H, 2]`` (largest
     logit in range units, ``-inf`` without edges, and the log of the
@@ -148,6 +147,10 @@ def attention(query: Tensor, key: Tensor, value: Tensor, time_scale: Tensor,
     return out, stats, mean, weights, ranges
 
 
+attention = torch.library.custom_op('pyg_metric_attn::triton_attention', _forward,
+                                    mutates_args=())
+
+
 @attention.register_fake
 def _(query, key, value, time_scale, edge_bias, seed, graph, chunk, metric,
       dropout_p, need_weights, need_mean):
@@ -162,15 +165,13 @@ def _(query, key, value, time_scale, edge_bias, seed, graph, chunk, metric,
 
 # ---------------------------------------------------------------- backward
 
-@torch.library.custom_op('pyg_metric_attn::triton_attention_backward',
-                         mutates_args=())
-def attention_backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
-                       key: Tensor, value: Tensor, time_scale: Tensor,
-                       edge_bias: Tensor | None, seed: Tensor | None, out: Tensor,
-                       stats: Tensor, mean: Tensor, weights: Tensor, ranges: Tensor,
-                       graph: list[Tensor], chunk: int, metric: str,
-                       dropout_p: float, need: list[bool]
-                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward_kernels(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
+                      key: Tensor, value: Tensor, time_scale: Tensor,
+                      edge_bias: Tensor | None, seed: Tensor | None, out: Tensor,
+                      stats: Tensor, mean: Tensor, weights: Tensor, ranges: Tensor,
+                      graph: list[Tensor], chunk: int, metric: str,
+                      dropout_p: float, need: list[bool]
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dt, db)``; a gradient not in ``need`` (query, key, value,
     time scale, bias) comes back empty. ``dk``, ``dv`` by the transpose when
     the graph has one, else by float32 atomics."""
@@ -252,6 +253,15 @@ def attention_backward(dout: Tensor, grad_weights: Tensor | None, query: Tensor,
                 g.cols.split, g.cols.n_split, part_dv, dv_out, heads, channels,
                 BLOCK_W=cfg.block_c, num_warps=cfg.num_warps)
     return dq, dk, dv, dt, db
+
+
+attention_backward = torch.library.custom_op(
+    'pyg_metric_attn::triton_attention_backward', _backward_kernels, mutates_args=())
+
+#: The operators' plain implementations, by operator (an op counter runs them
+#: under its dispatch mode to count the ops inside).
+IMPLEMENTATIONS = {'pyg_metric_attn.triton_attention': _forward,
+                   'pyg_metric_attn.triton_attention_backward': _backward_kernels}
 
 
 @attention_backward.register_fake
