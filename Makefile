@@ -14,7 +14,7 @@ EXTRAS ?= $(TEST_EXTRAS)
 # One stamp per set of extras, e.g. .venv/.installed-dev-gpu-experiments.
 stamp = $(VENV)/.installed-$(subst $(comma),-,$(1))
 
-.PHONY: install demo test test-core check-package docs lint clean
+.PHONY: install demo test test-core test-gpu gpu-bundle check-package docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,30 @@ check-package: $(call stamp,$(TEST_EXTRAS))
 SPHINXOPTS ?= -W --keep-going
 docs: $(call stamp,$(DOCS_EXTRAS))
 	$(BIN)/python -m sphinx -b html $(SPHINXOPTS) docs docs/_build/html
+
+## The suite on a GPU machine, in one command (no venv: the machine's python
+## with torch for CUDA): the CUDA-parametrised tests with --device cuda, then
+## the rest; logs in $OUT (default gpu-out/). Wheels in .whl/ and the
+## human_seg archive in .data/ (make gpu-bundle) are used where present.
+test-gpu:
+	PYTHON=$(PYTHON) DEVICE=cuda bash benchmarks/gpu_session.sh tests
+
+## What a GPU machine without network needs, carried untracked: the mesh
+## extra's wheels for its python (GPU_PYTHON, default 3.12; manylinux x86_64,
+## about 20 MB) in .whl/, and the human_seg set (SHARED: the datasets folder,
+## default ../shared/datasets) as .data/human_seg.tar.xz (about 7 MB).
+GPU_PYTHON ?= 3.12
+SHARED ?= ../shared/datasets
+GPU_WHEELS := trimesh potpourri3d robust-laplacian fast-simplification \
+	scikit-image lazy_loader threadpoolctl
+gpu-bundle: $(call stamp,$(TEST_EXTRAS))
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: \
+		--python-version $(GPU_PYTHON) --implementation cp \
+		--abi cp$(subst .,,$(GPU_PYTHON)) --platform manylinux2014_x86_64 \
+		--platform manylinux_2_28_x86_64 -d .whl $(GPU_WHEELS)
+	mkdir -p .data
+	tar -C $(SHARED) -cJf .data/human_seg.tar.xz human_seg
+	du -sh .whl .data
 
 lint: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/ruff check .

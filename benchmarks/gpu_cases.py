@@ -349,37 +349,6 @@ def multi30k_root(choice: str, root: str | None) -> Path | None:
 
 
 _BATCHES: dict[str, Any] = {}  # one tokenizer and batch list per process
-MESH_PACKAGES = ('trimesh', 'potpourri3d', 'robust_laplacian',
-                 'fast_simplification')
-
-
-def stand_in_for_mesh_packages() -> list[str]:
-    """Importing :mod:`pyg_metric_attn.datasets` or ``.experiments`` imports
-    the mesh libraries, which the GPU machine lacks and Multi30k never
-    calls: put inert stand-ins for the missing ones into ``sys.modules``.
-    Returns the names stood in for (recorded with the result)."""
-    import importlib.util
-    import types
-
-    class StandIn(types.ModuleType):
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith('__'):
-                raise AttributeError(name)
-            return type(name, (), {})
-
-    def importable(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            return False
-
-    missing = [name for name in MESH_PACKAGES
-               if name not in sys.modules and not importable(name)]
-    for name in missing:
-        sys.modules[name] = StandIn(name)
-    return missing
-
-
 def multi30k_batches(case: dict[str, Any], seed: int = 0):
     """``(batches, data description)``: token-id batches of the training set
     (joint BPE trained in memory: the shared folder is read-only) or, without
@@ -430,7 +399,6 @@ def multi30k_speed(case: dict[str, Any], device: torch.device,
     """Train the ``base`` preset (or the case's overrides) for the case's
     steps on the batches of :func:`multi30k_batches`; tokens per second
     (source + target tokens that are not padding)."""
-    stood_in = stand_in_for_mesh_packages()
     from pyg_metric_attn.experiments.tasks.multi30k import preset_config
     from pyg_metric_attn.nn.models import MetricTransformer
 
@@ -444,17 +412,17 @@ def multi30k_speed(case: dict[str, Any], device: torch.device,
     batches, info = _BATCHES[data_key]
     torch.manual_seed(0)
     model = MetricTransformer(
-        info.vocab_size, info.vocab_size, d_model=o.d_model,
+        info['vocab_size'], info['vocab_size'], d_model=o.d_model,
         num_heads=o.num_heads, num_encoder_layers=o.num_layers,
         num_decoder_layers=o.num_layers,
         dim_feedforward=o.dim_feedforward, dropout=o.dropout,
         attention=case['variant'], norm_first=o.norm_first,
-        share_embeddings=o.share_embeddings, pad_index=info.pad_index,
+        share_embeddings=o.share_embeddings, pad_index=info['pad_index'],
         time_scale=o.time_scale).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=o.lr,
                                  betas=(0.9, 0.98), eps=o.adam_eps,
                                  weight_decay=o.weight_decay)
-    pad = info.pad_index
+    pad = info['pad_index']
 
     def train_step(batch) -> None:
         src, tgt = (t.to(device, non_blocking=True) for t in batch)
@@ -484,8 +452,7 @@ def multi30k_speed(case: dict[str, Any], device: torch.device,
                   median_s=seconds / max(steps, 1),
                   tokens_per_s=tokens / seconds, tokens=tokens,
                   parameters=sum(p.numel() for p in model.parameters()),
-                  timing='perf_counter over all steps',
-                  stand_ins=stood_in, **info)
+                  timing='perf_counter over all steps', **info)
     if device.type == 'cuda':
         result['peak_mib'] = torch.cuda.max_memory_allocated(device) / 2**20
     return result

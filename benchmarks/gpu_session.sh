@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# One lent GPU, two commands (each fits the device's 10-minute limit):
+# One lent GPU, three commands (each fits the device's 10-minute limit):
 #
-#   bash benchmarks/gpu_session.sh tests   # environment + the suite on CUDA
-#   bash benchmarks/gpu_session.sh bench   # python -m benchmarks.run --suite gpu
+#   bash benchmarks/gpu_session.sh tests      # environment + the suite on CUDA
+#                                             # (also: make test-gpu)
+#   bash benchmarks/gpu_session.sh bench      # python -m benchmarks.run --suite gpu
+#   bash benchmarks/gpu_session.sh human_seg  # train MetricMeshFormer on CUDA
 #
 # Run from anywhere; works in the repository root. Writes into $OUT (the
 # device tool's output folder; ./gpu-out when unset). `bench` keeps its
 # results in ./gpu-out/bench (which stays on a warm machine) and resumes from
 # them, so running `bench` a second time measures what the first run had no
 # time for. Extra arguments after `bench` go to the suite (e.g. --quick).
-# Optional: wheels in ./.whl (see BENCHMARKS.md) are installed first.
+# Optional, both made here by `make gpu-bundle` and carried untracked (they
+# are in .gitignore): the mesh packages' wheels in ./.whl are installed first
+# (into /tmp/site), and ./.data/human_seg.tar.xz is unpacked into
+# $PYG_METRIC_ATTN_SHARED (default /tmp/shared-datasets), where the mesh tests
+# and the human_seg run find it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 mode=${1:-tests}
@@ -24,6 +30,11 @@ if compgen -G '.whl/*.whl' > /dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
         --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+export PYG_METRIC_ATTN_SHARED=${PYG_METRIC_ATTN_SHARED:-/tmp/shared-datasets}
+if [ -f .data/human_seg.tar.xz ] && [ ! -d "$PYG_METRIC_ATTN_SHARED/human_seg" ]; then
+    mkdir -p "$PYG_METRIC_ATTN_SHARED"
+    tar -C "$PYG_METRIC_ATTN_SHARED" -xJf .data/human_seg.tar.xz
 fi
 
 environment() {
@@ -91,6 +102,19 @@ tests)
     echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
         | tee -a "$OUT/tests-rest.log"
     ;;
+human_seg)
+    # The real benchmark (MeshCNN human_seg) with the RESULTS.md model, on
+    # the device, for EPOCHS epochs (default 2); the meshes' operators are
+    # computed once into /tmp/human_seg_processed (kept on a warm machine).
+    environment > "$OUT/env.txt" 2>&1
+    timeout -s INT -k 10 560 $PY -m pyg_metric_attn train human_seg \
+        --device "$DEVICE" --attention metricformer --epochs "${EPOCHS:-2}" \
+        --root "$PYG_METRIC_ATTN_SHARED/human_seg" \
+        --processed-dir /tmp/human_seg_processed --out gpu-out/human_seg \
+        --no-progress "$@" 2>&1 | tee "$OUT/human_seg.log"
+    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/human_seg.log"
+    cp gpu-out/human_seg/metrics.csv "$OUT/human_seg-metrics.csv" 2>/dev/null || true
+    ;;
 bench)
     environment > "$OUT/env.txt" 2>&1
     mkdir -p gpu-out/bench
@@ -107,7 +131,7 @@ bench)
     fi
     ;;
 *)
-    echo "usage: $0 tests|bench [suite options]" >&2
+    echo "usage: $0 tests|bench [suite options]|human_seg [train options]" >&2
     exit 2
     ;;
 esac

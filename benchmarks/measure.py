@@ -107,6 +107,14 @@ def reads_out_of_memory(text: str) -> bool:
         'allocate', 'out of memory', 'memoryerror', 'bad_alloc'))
 
 
+def cap_address_space(gib: float) -> None:
+    """Limit this process's address space (``RLIMIT_AS``) to ``gib`` GiB
+    more than it maps now: the cap counts what the case allocates, not the
+    libraries imported (a CUDA build of torch maps gigabytes of them)."""
+    limit = psutil.Process().memory_info().vms + int(gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('case', help='the case as JSON')
@@ -116,8 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--min-time', type=float, default=1.0,
                         help='repeat fast steps until this many seconds')
+    parser.add_argument('--memory-gib', type=float, default=None,
+                        help='cap the address space at this much above what '
+                             'the process holds after its imports')
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.memory_gib is not None:
+        cap_address_space(args.memory_gib)
     case, device = json.loads(args.case), torch.device(args.device)
     try:
         result = measure(case, args.mode, device, args.repeats, args.min_time)

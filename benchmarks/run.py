@@ -5,7 +5,8 @@
         [--resume] [--lock PATH]
 
 Each (case, mode) runs ``python -m benchmarks.measure`` under a memory cap
-(``RLIMIT_AS``) and a timeout; one that runs out of either becomes an ``OOM``
+(on the CPU: ``RLIMIT_AS``, counted above what the process maps after its
+imports) and a timeout; one that runs out of either becomes an ``OOM``
 or ``timeout`` cell, not a crash. With ``--lock PATH`` every group of cases
 that share a baseline runs under an exclusive ``flock`` of PATH, so other
 jobs that take the same lock cannot disturb a comparison. Writes
@@ -27,7 +28,6 @@ import itertools
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -69,18 +69,14 @@ def run_one(case: dict[str, Any], mode: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, '-m', 'benchmarks.measure', json.dumps(case),
                mode, '--threads', str(args.threads), '--device', args.device,
                '--repeats', str(args.repeats)]
-    cap = int(args.memory_gib * 2**30)
-
-    def limit_memory() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if args.device == 'cpu':
+        command += ['--memory-gib', str(args.memory_gib)]
 
     limits = dict(memory_cap_gib=args.memory_gib, timeout_s=args.timeout)
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=args.timeout, cwd=ROOT,
-                              preexec_fn=limit_memory if args.device == 'cpu'
-                              else None)
+                              timeout=args.timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return dict(mode=mode, status='timeout', wall_s=args.timeout, **limits)
     wall = time.perf_counter() - start

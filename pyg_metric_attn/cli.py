@@ -48,6 +48,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
     task_cls = TASKS[args.task]
     task = task_cls(epochs=args.epochs, progress=not args.no_progress,
+                    device=args.device, precision=args.precision,
                     **dict(args.option), **_task_flags(args))
     attentions = (args.attention.split(',') if args.attention
                   else list(task_cls.default_attentions))
@@ -77,7 +78,8 @@ def _load_run(args: argparse.Namespace):
 
     options = {**dict(args.option), **_task_flags(args)}
     task, model, description = load_run(args.run, args.task, options,
-                                        args.command)
+                                        args.command, device=args.device,
+                                        precision=args.precision)
     print(description)
     return task, model
 
@@ -86,19 +88,29 @@ def _train(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from pyg_metric_attn.experiments import TASKS
-    from pyg_metric_attn.training import process_group
+    from pyg_metric_attn.training import process_group, resolve_device
     from pyg_metric_attn.utils.io import atomic_write_json, locked_folder
 
     options = {**dict(args.option), **_task_flags(args)}
-    task = TASKS[args.task](epochs=args.epochs, progress=not args.no_progress,
-                            **options)
-    attention = args.attention or task.default_attentions[0]
-    out = Path(args.out or Path('runs') / 'train' / f'{attention}-seed{args.seed}')
-    config = {'task': args.task, 'attention': attention, 'seed': args.seed,
-              'epochs': task.epochs, 'options': options}
-    # Under torchrun: one of several processes (gloo: the task runs on CPUs);
-    # rank 0 prepares the data first and alone writes into `out`.
-    with process_group(backend='gloo') as ctx:
+    device = resolve_device(args.device)
+    # Under torchrun: one of several processes (NCCL, each on GPU LOCAL_RANK,
+    # where the device is CUDA; gloo on CPUs otherwise); rank 0 prepares the
+    # data first and alone writes into `out`.
+    with process_group(backend='nccl' if device.type == 'cuda'
+                       else 'gloo') as ctx:
+        task = TASKS[args.task](epochs=args.epochs,
+                                progress=not args.no_progress,
+                                device=ctx.device if ctx.is_distributed
+                                else device,
+                                precision=args.precision, **options)
+        attention = args.attention or task.default_attentions[0]
+        out = Path(args.out or Path('runs') / 'train'
+                   / f'{attention}-seed{args.seed}')
+        config = {'task': args.task, 'attention': attention, 'seed': args.seed,
+                  'epochs': task.epochs, 'options': options,
+                  'device': task.placement.device.type,  # a record only
+                  'precision': task.placement.precision}
+
         def write_config() -> None:
             if ctx.is_main:
                 atomic_write_json(out / 'config.json', config)
@@ -166,21 +178,57 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose command may name its task first, or leave
     it out for the default task (``train ...`` is ``train human_seg ...``):
     where :attr:`task_names` is set, arguments that do not start with one
-    get :attr:`default_task` in front; a task that does not support the
-    command is an error."""
+    get :attr:`default_task` in front. Its help names each task's summary
+    (which imports every task; nothing else does)."""
     task_names: tuple[str, ...] = ()
-    other_tasks: tuple[str, ...] = ()
     default_task: str = 'human_seg'
 
     def parse_known_args(self, args=None, namespace=None):
         if self.task_names:
             args = list(sys.argv[1:] if args is None else args)
-            if args and args[0] in self.other_tasks:
-                self.error(f"the {args[0]} task does not support this command "
-                           f"(tasks that do: {', '.join(self.task_names)})")
             if not args or args[0] not in (*self.task_names, '-h', '--help'):
                 args.insert(0, self.default_task)
         return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    parser = action.choices[choice.dest]
+                    if isinstance(parser, _TaskParser) and not choice.help:
+                        choice.help = parser.summary()
+        return super().format_help()
+
+
+class _TaskParser(argparse.ArgumentParser):
+    """The sub-parser of one task (or analysis) of a command, filled in
+    (its module imported) only when it parses or shows its help, so that a
+    command imports only the task it runs."""
+    def __init__(self, *args, fill: Callable[[_TaskParser], None] | None = None,
+                 describe: Callable[[], str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._fill = fill
+        self._describe = describe
+
+    def _filled(self) -> None:
+        if self._fill is not None:
+            fill, self._fill = self._fill, None
+            fill(self)
+
+    def summary(self) -> str:
+        """One line on the task (where its module cannot be imported, why)."""
+        try:
+            return self._describe() if self._describe is not None else ''
+        except ModuleNotFoundError as error:
+            return f'(unavailable: {error})'
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._filled()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._filled()
+        return super().format_help()
 
 
 #: What each command does, and its help for one task.
@@ -193,65 +241,152 @@ COMMAND_HELP = {
     'predict': 'a trained run\'s predictions for input files (meshes: a .ply '
                'with per-face colours, a PNG rendering, the labels per face)',
 }
+#: The theory's measurements under ``experiment`` (not tasks): name ->
+#: (module, summary).
+ANALYSES = {
+    'human_seg_robust': ('pyg_metric_attn.experiments.human_seg_robust',
+                         'trained human_seg runs scored on perturbed test '
+                         'meshes (remeshed, deformed, rotated, renumbered): '
+                         'accuracy drops and agreement, a plot'),
+    'heat_limit': ('pyg_metric_attn.experiments.heat_limit',
+                   'the heat-kernel limit of attention propagation on '
+                   'manifolds: errors, best t, fitted slopes, a plot'),
+    'heat_limit_learned': ('pyg_metric_attn.experiments.heat_limit_learned',
+                           'the heat-kernel limit under a trained metric map '
+                           'phi against the induced and Euclidean targets, a '
+                           'plot'),
+    'rank_collapse': ('pyg_metric_attn.experiments.rank_collapse',
+                      'rank collapse of stacked attention blocks at '
+                      'initialisation, per metric and block kind, a plot'),
+    'rank_collapse_trained': ('pyg_metric_attn.experiments.rank_collapse_trained',
+                              'rank collapse through the depth of attention '
+                              'stacks trained on two moons, per depth, a plot'),
+}
+
+
+def _task_summary(name: str) -> str:
+    from pyg_metric_attn.experiments.tasks import load_task
+
+    return (load_task(name).__doc__ or name).strip().splitlines()[0]
+
+
+def _fill_task_parser(sub: _TaskParser, name: str, task: str,
+                      add_command_arguments: Callable[[type[Task],
+                                                       argparse.ArgumentParser],
+                                                      None]) -> None:
+    """The ``-o`` options, own flags, ``--device``/``--precision`` and the
+    command's arguments of ``task`` under command ``name``; a task that
+    does not support the command is an error."""
+    from pyg_metric_attn.experiments.tasks import TASK_PATHS, load_task
+    from pyg_metric_attn.training.device import add_placement_arguments
+
+    task_cls = load_task(task)
+    if not task_cls.supports(name):
+        able = []
+        for other in TASK_PATHS:
+            try:
+                if load_task(other).supports(name):
+                    able.append(other)
+            except ModuleNotFoundError:  # a task whose extra is missing
+                continue
+        sub.error(f"the {task} task does not support this command (tasks "
+                  f"that do: {', '.join(able)})")
+    sub.add_argument('--option', '-o', type=_task_option(task_cls),
+                     action='append', default=[], metavar='KEY=VALUE',
+                     help=f'{task} option (a field of '
+                     f'{task_cls.config_class.__name__}), e.g. -o lr=1e-3')
+    group = sub.add_argument_group(f'{task} options')
+    task_cls.add_arguments(group, name)
+    sub.set_defaults(task_flags=[action.dest for action in group._group_actions])
+    add_placement_arguments(sub)
+    add_command_arguments(task_cls, sub)
+
+
+def _fill_analysis_parser(sub: _TaskParser, module: str) -> None:
+    import importlib
+
+    analysis = importlib.import_module(module)
+    analysis.add_arguments(sub)
+    sub.set_defaults(func=analysis.main)
 
 
 def _add_task_parsers(command: argparse.ArgumentParser, name: str,
-                      global_flags: argparse.ArgumentParser
-                      ) -> list[tuple[type[Task], argparse.ArgumentParser]]:
-    """One sub-parser per task that supports the command ``name``, each
-    with the ``-o`` options and own flags of its task."""
-    from pyg_metric_attn.experiments import TASKS
+                      global_flags: argparse.ArgumentParser,
+                      add_command_arguments: Callable[[type[Task],
+                                                       argparse.ArgumentParser],
+                                                      None]) -> None:
+    """One sub-parser per task (and under ``experiment`` per analysis), each
+    filled with the ``-o`` options, own flags and ``add_command_arguments``
+    of its task when it is used."""
+    from functools import partial
 
-    names = [task for task in sorted(TASKS) if TASKS[task].supports(name)]
+    from pyg_metric_attn.experiments.tasks import TASK_PATHS
+
     tasks = command.add_subparsers(dest='task', required=True, metavar='TASK',
-                                   parser_class=argparse.ArgumentParser)
-    parsers = []
-    for task in names:
-        task_cls = TASKS[task]
-        summary = (task_cls.__doc__ or task).strip().splitlines()[0]
-        sub = tasks.add_parser(task, parents=[global_flags], help=summary,
-                               prog=f'{command.prog} {task}')
-        sub.add_argument('--option', '-o', type=_task_option(task_cls),
-                         action='append', default=[], metavar='KEY=VALUE',
-                         help=f'{task} option (a field of '
-                         f'{task_cls.config_class.__name__}), e.g. -o lr=1e-3')
-        group = sub.add_argument_group(f'{task} options')
-        task_cls.add_arguments(group, name)
-        sub.set_defaults(task_flags=[action.dest
-                                     for action in group._group_actions])
-        parsers.append((task_cls, sub))
-    if name == 'experiment':  # the theory's measurements, not tasks
-        from pyg_metric_attn.experiments import (
-            heat_limit,
-            heat_limit_learned,
-            human_seg_robust,
-            rank_collapse,
-            rank_collapse_trained,
-        )
-        for analysis, summary in (
-                (human_seg_robust, 'trained human_seg runs scored on perturbed '
-                 'test meshes (remeshed, deformed, rotated, renumbered): '
-                 'accuracy drops and agreement, a plot'),
-                (heat_limit, 'the heat-kernel limit of attention propagation on '
-                 'manifolds: errors, best t, fitted slopes, a plot'),
-                (heat_limit_learned, 'the heat-kernel limit under a trained '
-                 'metric map phi against the induced and Euclidean targets, '
-                 'a plot'),
-                (rank_collapse, 'rank collapse of stacked attention blocks at '
-                 'initialisation, per metric and block kind, a plot'),
-                (rank_collapse_trained, 'rank collapse through the depth of '
-                 'attention stacks trained on two moons, per depth, a plot')):
-            sub = tasks.add_parser(analysis.NAME, parents=[global_flags],
-                                   help=summary,
-                                   prog=f'{command.prog} {analysis.NAME}')
-            analysis.add_arguments(sub)
-            sub.set_defaults(func=analysis.main)
+                                   parser_class=_TaskParser)
+    for task in TASK_PATHS:
+        tasks.add_parser(task, parents=[global_flags], help='',  # on --help
+                         prog=f'{command.prog} {task}',
+                         fill=partial(_fill_task_parser, name=name, task=task,
+                                      add_command_arguments=add_command_arguments),
+                         describe=partial(_task_summary, task))
+    if name == 'experiment':
+        for analysis, (module, summary) in ANALYSES.items():
+            tasks.add_parser(analysis, parents=[global_flags], help=summary,
+                             prog=f'{command.prog} {analysis}',
+                             fill=partial(_fill_analysis_parser, module=module))
     else:
-        command.task_names = tuple(names)
-        command.other_tasks = tuple(sorted(set(TASKS) - set(names)))
+        command.task_names = tuple(TASK_PATHS)
         command.description = (f'{COMMAND_HELP[name]}. TASK: '
-                                f"{', '.join(names)} (default: human_seg).")
-    return parsers
+                               f"{', '.join(TASK_PATHS)} (default: human_seg).")
+
+
+def _experiment_arguments(task_cls: type[Task],
+                          sub: argparse.ArgumentParser) -> None:
+    sub.add_argument('--attention', help='comma-separated attention types '
+                     f"(default: {','.join(task_cls.default_attentions)})")
+    sub.add_argument('--seeds', type=_positive_int, default=10,
+                     help='number of seeds')
+    sub.add_argument('--first-seed', type=int, default=0)
+    sub.add_argument('--epochs', type=_positive_int, default=None,
+                     help='epochs per run (default: the task\'s)')
+    sub.add_argument('--out', help=f'output folder (default: '
+                     f'runs/{task_cls.name})')
+    sub.add_argument('--no-progress', action='store_true')
+    sub.set_defaults(func=_experiment)
+
+
+def _train_arguments(task_cls: type[Task], sub: argparse.ArgumentParser) -> None:
+    sub.add_argument('--attention', help='the attention type or model '
+                     f'(default: {task_cls.default_attentions[0]})')
+    sub.add_argument('--seed', type=int, default=0)
+    sub.add_argument('--epochs', type=_positive_int, default=None,
+                     help=f'epochs (default: {task_cls.default_epochs})')
+    sub.add_argument('--out', help='run folder (default: '
+                     'runs/train/ATTENTION-seedSEED)')
+    sub.add_argument('--resume', action='store_true',
+                     help='continue from the run folder\'s last checkpoint')
+    sub.add_argument('--no-progress', action='store_true')
+    sub.set_defaults(func=_train)
+
+
+def _evaluate_arguments(task_cls: type[Task],
+                        sub: argparse.ArgumentParser) -> None:
+    sub.add_argument('run', help='run folder written by train')
+    sub.add_argument('--split', choices=task_cls.splits,
+                     default=task_cls.splits[0])
+    sub.set_defaults(func=_evaluate)
+
+
+def _predict_arguments(task_cls: type[Task],
+                       sub: argparse.ArgumentParser) -> None:
+    sub.add_argument('run', help='run folder written by train')
+    sub.add_argument('inputs', nargs='+', metavar='INPUT',
+                     help='input files (meshes: .obj, .off, .ply or .stl; '
+                     'outputs are named by file stem)')
+    sub.add_argument('--out', help='output folder (default: '
+                     'RUN/predictions)')
+    sub.set_defaults(func=_predict)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,59 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_flags(parser, suppress=False)
     global_flags = argparse.ArgumentParser(add_help=False)
     _add_global_flags(global_flags)
-    commands = parser.add_subparsers(dest='command', required=True)
-
-    exp = commands.add_parser('experiment', parents=[global_flags],
-                              help=COMMAND_HELP['experiment'])
-    for task_cls, sub in _add_task_parsers(exp, 'experiment', global_flags):
-        sub.add_argument('--attention', help='comma-separated attention types '
-                         f"(default: {','.join(task_cls.default_attentions)})")
-        sub.add_argument('--seeds', type=_positive_int, default=10,
-                         help='number of seeds')
-        sub.add_argument('--first-seed', type=int, default=0)
-        sub.add_argument('--epochs', type=_positive_int, default=None,
-                         help='epochs per run (default: the task\'s)')
-        sub.add_argument('--out', help=f'output folder (default: '
-                         f'runs/{task_cls.name})')
-        sub.add_argument('--no-progress', action='store_true')
-        sub.set_defaults(func=_experiment)
-
-    train = commands.add_parser('train', parents=[global_flags],
-                                usage='%(prog)s [TASK] ...',
-                                help=COMMAND_HELP['train'])
-    for task_cls, sub in _add_task_parsers(train, 'train', global_flags):
-        sub.add_argument('--attention', help='the attention type or model '
-                         f'(default: {task_cls.default_attentions[0]})')
-        sub.add_argument('--seed', type=int, default=0)
-        sub.add_argument('--epochs', type=_positive_int, default=None,
-                         help=f'epochs (default: {task_cls.default_epochs})')
-        sub.add_argument('--out', help='run folder (default: '
-                         'runs/train/ATTENTION-seedSEED)')
-        sub.add_argument('--resume', action='store_true',
-                         help='continue from the run folder\'s last checkpoint')
-        sub.add_argument('--no-progress', action='store_true')
-        sub.set_defaults(func=_train)
-
-    evaluate = commands.add_parser('evaluate', parents=[global_flags],
-                                   usage='%(prog)s [TASK] RUN ...',
-                                   help=COMMAND_HELP['evaluate'])
-    for task_cls, sub in _add_task_parsers(evaluate, 'evaluate', global_flags):
-        sub.add_argument('run', help='run folder written by train')
-        sub.add_argument('--split', choices=task_cls.splits,
-                         default=task_cls.splits[0])
-        sub.set_defaults(func=_evaluate)
-
-    predict = commands.add_parser('predict', parents=[global_flags],
-                                  usage='%(prog)s [TASK] RUN INPUT ...',
-                                  help=COMMAND_HELP['predict'])
-    for _, sub in _add_task_parsers(predict, 'predict', global_flags):
-        sub.add_argument('run', help='run folder written by train')
-        sub.add_argument('inputs', nargs='+', metavar='INPUT',
-                         help='input files (meshes: .obj, .off, .ply or .stl; '
-                         'outputs are named by file stem)')
-        sub.add_argument('--out', help='output folder (default: '
-                         'RUN/predictions)')
-        sub.set_defaults(func=_predict)
+    commands = parser.add_subparsers(dest='command', required=True,
+                                     parser_class=_Parser)
+    usages = {'experiment': None, 'train': '%(prog)s [TASK] ...',
+              'evaluate': '%(prog)s [TASK] RUN ...',
+              'predict': '%(prog)s [TASK] RUN INPUT ...'}
+    for name, arguments in (('experiment', _experiment_arguments),
+                            ('train', _train_arguments),
+                            ('evaluate', _evaluate_arguments),
+                            ('predict', _predict_arguments)):
+        command = commands.add_parser(name, parents=[global_flags],
+                                      usage=usages[name],
+                                      help=COMMAND_HELP[name])
+        _add_task_parsers(command, name, global_flags, arguments)
     return parser
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from pyg_metric_attn.geometry.mesh import face_normals
 from pyg_metric_attn.utils.optional import needs_extra
 
 with needs_extra('experiments'):
@@ -40,6 +39,9 @@ def label_colors(labels: np.ndarray, num_classes: int = 8) -> np.ndarray:
 
 def _draw(ax, pos: np.ndarray, face: np.ndarray, colors: np.ndarray,
           view: tuple[float, float]) -> None:
+    # Here, not at the top: figures of point sets need no mesh packages.
+    from pyg_metric_attn.geometry.mesh import face_normals
+
     light = np.array([0.3, 0.5, 1.0])
     light /= np.linalg.norm(light)
     shade = 0.45 + 0.55 * np.abs(face_normals(pos, face) @ light)

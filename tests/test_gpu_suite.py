@@ -117,3 +117,42 @@ def test_targets_report_met_missed_and_oom():
     assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 forward'][3]
     assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 '
                 'forward_backward'][1].startswith('not measured')
+
+
+def test_every_job_of_the_suite_runs_at_tiny_size_on_the_cpu():
+    """Each (case, mode) of every job of ``--suite gpu --tiny`` (the
+    Multi30k speed job on synthetic ids included) measured in this process,
+    then the report: a job that crashes fails here before it costs GPU
+    time. The Triton variant (seconds per step in the interpreter) is left
+    to test_triton_variant_runs_a_step."""
+    device = torch.device('cpu')
+    args = gpu_cases.parse_args(['--tiny', '--device', 'cpu',
+                                 '--multi30k', 'synthetic'])
+    results, kinds = [], set()
+    for job in gpu_cases.jobs('tiny', args):
+        shared = gpu_cases.Job(device)
+        for case in job['cases']:
+            if case['variant'] == 'metric-triton':
+                continue
+            kinds.add(case['kind'])
+            for mode in gpu_cases.case_modes(case):
+                if case['kind'] == 'sdpa-kernels':
+                    result = dict(status='ok', kernels=gpu_cases.sdpa_kernels(
+                        device, getattr(torch, case['dtype']), case['length'],
+                        case['batch'], case['heads'], case['head_dim']))
+                elif case['kind'] == 'multi30k':
+                    result = gpu_cases.multi30k_speed(case, device, float('inf'))
+                else:
+                    step = gpu_cases.build_step(case, mode, shared)
+                    result = gpu_cases.measure(step, device, 0.0, float('inf'))
+                assert result['status'] == 'ok', (job['name'], case, mode)
+                results.append(dict(case=case, mode=mode, job=job['name'],
+                                    **result))
+    assert kinds == {'sdpa-kernels', 'dense-kernel', 'dense-module', 'sparse',
+                     'multi30k'}
+    table = gpu_cases.report(dict(size='tiny', device='cpu', command='c',
+                                  machine='m', torch='t', cuda=None,
+                                  torch_geometric='g', triton='x',
+                                  torch_scatter='s', torch_sparse='p',
+                                  date='d', budget_s=1), results)
+    assert '### Multi30k `base` preset training speed' in table

@@ -114,6 +114,17 @@ def test_global_attention_attends_to_the_marked_vertices():
               batch)
 
 
+def test_former_global_attention_measures_at_the_head_width():
+    # MetricMultiheadAttention's default metric width is one less than the
+    # head width; the former keeps the head width, which its results and
+    # checkpoints were made with (a checkpoint of before loads).
+    model = MetricMeshFormer(5, 3, MetricMeshFormerConfig(
+        hidden_channels=16, heads=2, num_layers=1))
+    attention = model.blocks[0].global_attention
+    assert attention.metric_channels == 8
+    assert attention.query_map.out.weight.shape == (16, 16)
+
+
 def test_former_config_holds_the_architecture_and_no_data_set_defaults():
     config = MetricMeshFormerConfig(hidden_channels=16, heads=2, num_layers=1)
     model = MetricMeshFormer(5, 3, config, global_stride=2)

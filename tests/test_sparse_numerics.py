@@ -9,6 +9,7 @@ attention does).
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -95,6 +96,15 @@ def test_compiled_layer_matches_float64_on_far_apart_graphs():
     assert (alpha.double() - expected).abs().max() <= 1e-4
 
 
+def skip_triton_where_it_cannot_run(backend: str, device: torch.device) -> None:
+    """Triton runs CUDA tensors, and CPU ones only in its interpreter
+    (``TRITON_INTERPRET=1``, which conftest.py sets where there is no GPU)."""
+    if backend == 'triton' and device.type != 'cuda' \
+            and os.environ.get('TRITON_INTERPRET') != '1':
+        pytest.skip('Triton on CPU tensors needs TRITON_INTERPRET=1 (a GPU '
+                    'machine runs these with --device cuda)')
+
+
 def run_layer(conv, x, edge_index, compiled: bool):
     if compiled:
         conv = torch.compile(conv, backend='aot_eager', fullgraph=True)
@@ -105,18 +115,20 @@ def run_layer(conv, x, edge_index, compiled: bool):
 @pytest.mark.parametrize('backend,compiled', RUNS)
 @pytest.mark.parametrize('metric', METRICS)
 def test_a_bad_feature_stays_where_its_messages_go(metric, backend, compiled,
-                                                   bad):
+                                                   bad, device):
+    skip_triton_where_it_cannot_run(backend, device)
     torch.manual_seed(0)
-    x, edge_index = far_apart_batch(0.0, 1.0, num_nodes=20, degree=2)
+    x, edge_index = (t.to(device) for t in far_apart_batch(0.0, 1.0, num_nodes=20,
+                                                           degree=2))
     conv = MetricAttentionConv(8, 4, heads=2, metric=metric, backend=backend,
-                               add_self_loops=not compiled)
+                               add_self_loops=not compiled).to(device)
     clean = run_layer(conv, x, edge_index, compiled)
     x_bad = x.clone()
     x_bad[0, 3] = bad
     out = run_layer(conv, x_bad, edge_index, compiled)
     # Node 0 reaches its out-neighbours, and itself through its own query
     # wherever it receives messages (always with self-loops).
-    reached = torch.zeros(x.size(0), dtype=torch.bool)
+    reached = torch.zeros(x.size(0), dtype=torch.bool, device=device)
     reached[edge_index[1, edge_index[0] == 0]] = True
     reached[0] = conv.add_self_loops or bool((edge_index[1] == 0).any())
     assert not out[reached].isfinite().all()
@@ -127,14 +139,17 @@ def test_a_bad_feature_stays_where_its_messages_go(metric, backend, compiled,
 @pytest.mark.parametrize('backend,compiled', RUNS)
 @pytest.mark.parametrize('metric', METRICS)
 @pytest.mark.parametrize('scale', [1e19, 1e30])
-def test_huge_features_give_finite_outputs(metric, backend, compiled, scale):
+def test_huge_features_give_finite_outputs(metric, backend, compiled, scale,
+                                           device):
     """``x * 1e19``: float32 embeddings and values are finite, so is the
     float64 reference; the layer must be too (and agree with it)."""
+    skip_triton_where_it_cannot_run(backend, device)
     torch.manual_seed(0)
-    x, edge_index = far_apart_batch(0.0, 1.0, num_nodes=20)
+    x, edge_index = (t.to(device) for t in far_apart_batch(0.0, 1.0,
+                                                           num_nodes=20))
     x = x * scale
     conv = MetricAttentionConv(8, 4, heads=2, metric=metric, backend=backend,
-                               add_self_loops=not compiled)
+                               add_self_loops=not compiled).to(device)
     assert run_layer(conv, x, edge_index, compiled).isfinite().all()
     seen = capture_embeddings(conv)
     _, (edges, alpha) = conv(x, edge_index, return_attention_weights=True)

@@ -113,9 +113,10 @@ def assert_close(actual, expected, rtol=1e-5, name=''):
 
 def check_against_reference(metric, rowptr, col, q, k, v, bias, t, *,
                             rtol=1e-5, deterministic=True, dropout_p=0.0,
-                            seed=None, grad_weights=True):
+                            seed=None, grad_weights=True, grad_rtol=None):
     """Run kernel and reference with all inputs requiring grad; compare
-    outputs, lse, weights and the gradients of a loss through out and weights."""
+    outputs, lse, weights and the gradients of a loss through out and weights.
+    ``grad_rtol``: the gradients' tolerance where it differs from ``rtol``."""
     gen = torch.Generator().manual_seed(123)
     has_t = isinstance(t, torch.Tensor)
     q1, k1, v1 = leaves(q, k, v)
@@ -155,7 +156,7 @@ def check_against_reference(metric, rowptr, col, q, k, v, bias, t, *,
     grads2 = torch.autograd.grad(loss2, theirs)
     for name, g1, g2, x in zip(names, grads1, grads2, mine, strict=True):
         assert g1.dtype == x.dtype and g1.shape == x.shape, name
-        assert_close(g1, g2, rtol, f'grad {name}')
+        assert_close(g1, g2, grad_rtol or rtol, f'grad {name}')
     return out, w, grads1
 
 
@@ -271,13 +272,19 @@ def test_dropout_one_drops_everything():
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_half_precision(dtype):
-    """Half inputs, float32 accumulation: error at the input rounding level."""
+    """Half inputs, float32 accumulation: error at the input rounding level.
+    A gradient sums a node's edge terms, which cancel (softmax gradients sum
+    to zero) after each was rounded to the inputs' precision (the weights
+    enter the products in it, as in FlashAttention): its error is that of the
+    terms, about 2^-8 times a few per edge in bfloat16, not of the (smaller)
+    sum; on an H100 one element of grad query was off by 3% of the largest."""
     gen = torch.Generator().manual_seed(7)
     rowptr, col = messy_csr(8, 6, gen)
     q, k, v, b = inputs(8, 6, 2, 5, 3, col.numel(), gen, dtype=dtype)
     rtol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     check_against_reference('l2', rowptr, col, q, k, v, b, torch.tensor(0.9),
-                            rtol=rtol)
+                            rtol=rtol,
+                            grad_rtol=5e-2 if dtype == torch.bfloat16 else rtol)
 
 
 @pytest.mark.parametrize('deterministic', [True, False])
@@ -504,10 +511,12 @@ def test_layer_triton_backend_equals_fused(metric, aggr):
     edge_index = torch.stack([torch.randint(0, 9, (30,), generator=g),
                               torch.randint(0, 7, (30,), generator=g)])
     edge_attr = torch.randn(30, 2, generator=g)
+    x_src, x_dst, edge_index, edge_attr = (
+        t.to(DEVICE) for t in (x_src, x_dst, edge_index, edge_attr))
     torch.manual_seed(0)
     layers = {backend: MetricAttentionConv(
         (6, 5), 3, heads=2, metric=metric, edge_dim=2, learn_time_scale=True,
-        aggr=aggr, backend=backend) for backend in ('fused', 'triton')}
+        aggr=aggr, backend=backend).to(DEVICE) for backend in ('fused', 'triton')}
     layers['triton'].load_state_dict(layers['fused'].state_dict())
     results = {}
     for backend, layer in layers.items():

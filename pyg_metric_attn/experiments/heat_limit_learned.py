@@ -60,6 +60,7 @@ from pyg_metric_attn.theory import (
 )
 from pyg_metric_attn.theory.manifolds import DENSITIES
 from pyg_metric_attn.training import seed_everything
+from pyg_metric_attn.training.device import Placement, add_placement_arguments
 from pyg_metric_attn.utils.io import (
     atomic_writer,
     save_verified,
@@ -100,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument('--sharpness', type=float, default=2.0,
                           help='s of the regressed sum_k tanh(s x_k)')
     training.add_argument('--train-seed', type=int, default=0)
+    add_placement_arguments(training)  # the measurement: float64, CPU
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
     parser.add_argument('--no-progress', action='store_true')
 
@@ -110,14 +112,17 @@ def regression_target(points: Tensor, sharpness: float) -> Tensor:
 
 
 def train_feature_map(manifold: str, density: str, args: argparse.Namespace,
-                      progress: bool = True) -> tuple[torch.nn.Module,
-                                                      dict[str, Any]]:
-    """The trained map and its training record (losses, and the test loss
-    of the learned map against the identity)."""
+                      progress: bool = True,
+                      placement: Placement | None = None
+                      ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trained map (on the device of ``placement``) and its training
+    record (losses, and the test loss of the learned map against the
+    identity)."""
+    placement = placement or Placement()
     sampler = MANIFOLDS[manifold]
     ambient = sampler(2).points.size(1)
     seed_everything(args.train_seed)
-    phi = tied_map('metric', ambient, ambient, args.hidden)
+    phi = placement.move(tied_map('metric', ambient, ambient, args.hidden))
     optimizer = torch.optim.Adam(phi.parameters(), lr=args.lr)
     noise = torch.Generator().manual_seed(args.train_seed)
 
@@ -127,14 +132,15 @@ def train_feature_map(manifold: str, density: str, args: argparse.Namespace,
                          + step).points.float()
         clean = regression_target(points, args.sharpness)
         noisy = clean + args.noise * torch.randn(clean.shape, generator=noise)
-        return points, clean, noisy
+        return placement.move((points, clean, noisy))
 
     def predict(feature_map, points: Tensor, noisy: Tensor) -> Tensor:
         keys, queries = points[:args.keys], points[args.keys:]
-        out, _ = dense_metric_attention(
-            feature_map(queries), feature_map(keys),
-            noisy[:args.keys].unsqueeze(1), 'metric', args.train_time)
-        return out.squeeze(1)  # [queries]
+        with placement.autocast():
+            out, _ = dense_metric_attention(
+                feature_map(queries), feature_map(keys),
+                noisy[:args.keys].unsqueeze(1), 'metric', args.train_time)
+        return out.squeeze(1).float()  # [queries]
 
     losses = []
     for step in tqdm(range(args.steps), desc=f'{NAME} phi on {manifold}',
@@ -172,7 +178,7 @@ def stretch(sample: ManifoldSample, feature_map) -> Tensor:
 def measure_manifold(manifold: str, density: str, phi: torch.nn.Module,
                      sizes: list[int], times: list[float], seeds: int,
                      progress: bool = True) -> dict[str, Any]:
-    feature_map = copy.deepcopy(phi).double().requires_grad_(False)
+    feature_map = copy.deepcopy(phi).cpu().double().requires_grad_(False)
     cells, stretches, gaps = [], [], []
     grid = list(itertools.product(sizes, range(seeds)))
     for n, seed in tqdm(grid, desc=f'{NAME} {manifold}', disable=not progress,
@@ -312,10 +318,11 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or Path('runs') / NAME)
     out.mkdir(parents=True, exist_ok=True)
     sizes, times = sorted(set(args.sizes)), sorted(set(args.times))
+    placement = Placement.of(args.device, args.precision)
     curves = []
     for manifold in manifolds:
         phi, training = train_feature_map(manifold, args.density, args,
-                                          not args.no_progress)
+                                          not args.no_progress, placement)
         save_verified({'config': training['config'],
                        'state_dict': phi.state_dict()}, out / f'phi_{manifold}.pt')
         curve = measure_manifold(manifold, args.density, phi, sizes, times,

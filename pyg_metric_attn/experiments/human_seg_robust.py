@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from pyg_metric_attn.training.device import add_placement_arguments
 from pyg_metric_attn.utils.io import atomic_writer, write_results
 
 NAME = 'human_seg_robust'
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='seed of the perturbations')
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
     parser.add_argument('--no-progress', action='store_true')
+    add_placement_arguments(parser)
 
 
 def score(task: Any, model: torch.nn.Module, perturbations: list[str],
@@ -163,7 +165,9 @@ def main(args: argparse.Namespace) -> int:
                                    runs=[])
     for run in args.runs:
         task, model, description = load_run(run, 'human_seg', overrides,
-                                             f'experiment {NAME}')
+                                             f'experiment {NAME}',
+                                             device=args.device,
+                                             precision=args.precision)
         print(description)
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
                      not args.no_progress)

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from pyg_metric_attn.nn import MetricAttentionConv
 from pyg_metric_attn.theory import residuals_through_depth
+from pyg_metric_attn.training.device import Placement, add_placement_arguments
 from pyg_metric_attn.utils.io import (
     atomic_writer,
     write_results,
@@ -82,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--seeds', type=int, default=10)
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
     parser.add_argument('--no-progress', action='store_true')
+    add_placement_arguments(parser)
 
 
 class PropagationBlock(torch.nn.Module):
@@ -112,19 +114,25 @@ class PropagationBlock(torch.nn.Module):
 
 def measure(depth: int, channels: int, set_size: int, sets: int, seeds: int,
             progress: bool = True, data: str = 'moons',
-            root: str = 'datasets') -> dict[str, Any]:
-    x = point_set_data(data, set_size * sets, 1, root)[0]
-    batch = torch.arange(sets).repeat_interleave(set_size)
+            root: str = 'datasets',
+            placement: Placement | None = None) -> dict[str, Any]:
+    placement = placement or Placement()
+    x = placement.move(point_set_data(data, set_size * sets, 1, root)[0])
+    batch = placement.move(torch.arange(sets).repeat_interleave(set_size))
     curves = []
     grid = list(itertools.product(METRICS, BLOCKS))
     for metric, kind in tqdm(grid, desc=NAME, disable=not progress):
         runs = []
         for seed in range(seeds):
             torch.manual_seed(seed)
-            lift = torch.randn(x.size(1), channels) / math.sqrt(x.size(1))
-            blocks = [PropagationBlock(kind, metric, channels) for _ in range(depth)]
+            lift = placement.move(torch.randn(x.size(1), channels)
+                                  / math.sqrt(x.size(1)))
+            blocks = [placement.move(PropagationBlock(kind, metric, channels))
+                      for _ in range(depth)]
             layers = [lambda h, b=block: b(h, batch) for block in blocks]
-            runs.append(residuals_through_depth(layers, x @ lift, batch))
+            with placement.autocast():
+                runs.append(residuals_through_depth(layers, x @ lift,
+                                                    batch).float())
         # [seeds, depth + 1, sets] -> [depth + 1, seeds * sets]
         residuals = torch.stack(runs).transpose(0, 1).flatten(1)
         curves.append(dict(metric=metric, block=kind,
@@ -183,7 +191,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out or Path('runs') / NAME)
     results = measure(args.depth, args.channels, args.set_size, args.sets,
-                      args.seeds, not args.no_progress, args.data, args.root)
+                      args.seeds, not args.no_progress, args.data, args.root,
+                      Placement.of(args.device, args.precision))
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))

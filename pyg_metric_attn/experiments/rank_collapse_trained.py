@@ -56,6 +56,7 @@ from pyg_metric_attn.experiments.rank_collapse import (
 from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 from pyg_metric_attn.theory import residuals_through_depth
 from pyg_metric_attn.training import Trainer, epoch_generator, seed_everything
+from pyg_metric_attn.training.device import Placement, add_placement_arguments
 from pyg_metric_attn.utils.io import (
     atomic_writer,
     write_results,
@@ -125,25 +126,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'earlier runs of disjoint parts of the grid into '
                              '--out')
     parser.add_argument('--no-progress', action='store_true')
+    add_placement_arguments(parser)
 
 
 def train_one(metric: str, kind: str, depth: int, seed: int,
               data: tuple[Tensor, ...], channels: int, set_size: int,
-              epochs: int, lr: float) -> dict[str, Any]:
+              epochs: int, lr: float,
+              placement: Placement | None = None) -> dict[str, Any]:
     """Residuals through depth at initialisation and after training, the
-    held-out accuracy and the last training loss of one run."""
+    held-out accuracy and the last training loss of one run (``data`` on
+    the device of ``placement``)."""
+    placement = placement or Placement()
     x_train, y_train, x_test, y_test = data
-    test_sets = consecutive_sets(x_test.size(0), set_size)
+    test_sets = placement.move(consecutive_sets(x_test.size(0), set_size))
     seed_everything(seed)
-    model = StackClassifier(x_train.size(1), channels, int(y_train.max()) + 1,
-                            kind, metric, depth)
-    initial = model.residuals(x_test, test_sets)
+    model = placement.move(StackClassifier(
+        x_train.size(1), channels, int(y_train.max()) + 1, kind, metric, depth))
+    with placement.autocast():
+        initial = model.residuals(x_test, test_sets).float()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=1e-4,
                                  foreach=True)
 
     def batches(epoch: int):
         for index in shuffled_sets(x_train.size(0), set_size,
                                    epoch_generator(seed, epoch)):
+            index = index.to(x_train.device)
             yield x_train[index], y_train[index]
 
     def step(model: torch.nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
@@ -152,17 +159,19 @@ def train_one(metric: str, kind: str, depth: int, seed: int,
 
     run = dict(metric=metric, block=kind, depth=depth, seed=seed,
                initial=initial.mean(1).tolist(), diverged_at_epoch=None)
-    trainer = Trainer(model, optimizer, step, progress=False)
+    trainer = Trainer(model, optimizer, step, progress=False,
+                      placement=placement)
     try:
         history = trainer.fit(batches, epochs)
     except FloatingPointError:  # a non-finite training loss: a result too
         return {**run, 'diverged_at_epoch': len(trainer.history) + 1,
                 'trained': None, 'train_loss': None, 'test_acc': None}
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), placement.autocast():
         logits = model(x_test, test_sets)
+        trained = model.residuals(x_test, test_sets).float()
     return {**run,
-            'trained': model.residuals(x_test, test_sets).mean(1).tolist(),
+            'trained': trained.mean(1).tolist(),
             'train_loss': history[-1]['train_loss'] if history else None,
             'test_acc': float((logits.argmax(-1) == y_test).float().mean())}
 
@@ -171,8 +180,10 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
             seeds: int, channels: int, set_size: int, num_train: int,
             num_test: int, epochs: int, lr: float, progress: bool = True,
             first_seed: int = 0, data_name: str = 'moons',
-            root: str = 'datasets') -> dict[str, Any]:
-    data = point_set_data(data_name, num_train, num_test, root)
+            root: str = 'datasets',
+            placement: Placement | None = None) -> dict[str, Any]:
+    placement = placement or Placement()
+    data = placement.move(point_set_data(data_name, num_train, num_test, root))
     grid = list(itertools.product(metrics, blocks, depths,
                                  range(first_seed, first_seed + seeds)))
     runs = []
@@ -180,7 +191,7 @@ def measure(metrics: list[str], blocks: list[str], depths: list[int],
                disable=not progress)
     for metric, kind, depth, seed in grid:
         runs.append(train_one(metric, kind, depth, seed, data, channels,
-                              set_size, epochs, lr))
+                              set_size, epochs, lr, placement))
         bar.update(depth)
     bar.close()
     return aggregate(dict(data=data_name, metrics=metrics, blocks=blocks,
@@ -390,7 +401,8 @@ def main(args: argparse.Namespace) -> int:
                           sorted(set(args.depths)), args.seeds, args.channels,
                           args.set_size, args.num_train, args.num_test,
                           args.epochs, args.lr, not args.no_progress,
-                          args.first_seed, args.data, args.root)
+                          args.first_seed, args.data, args.root,
+                          Placement.of(args.device, args.precision))
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))

@@ -12,13 +12,16 @@ if TYPE_CHECKING:
 
 
 def load_run(run: str | Path, task_name: str, options: dict[str, Any],
-             command: str = 'evaluate') -> tuple[Task, torch.nn.Module, str]:
+             command: str = 'evaluate', device: str = 'cpu',
+             precision: str = 'fp32') -> tuple[Task, torch.nn.Module, str]:
     """``(task, model, description)`` of a run folder written by ``train``:
     the task with the run's options (``options`` replacing them, e.g.
     another ``root``), its model holding the best checkpoint, and a line
     naming the run and the checkpoint's epoch. The run must be one of the
     task ``task_name`` (``command``: the command that reads it, for the
-    error message)."""
+    error message). The checkpoint is read onto the CPU, then the model is
+    moved to ``device``: a run trained on CUDA evaluates and predicts on a
+    CPU-only machine."""
     from pyg_metric_attn.experiments.tasks import TASKS
     from pyg_metric_attn.training import load_best_model
 
@@ -34,9 +37,11 @@ def load_run(run: str | Path, task_name: str, options: dict[str, Any],
                          f"'pyg-metric-attn {command} {trained_by} "
                          f"{run} ...'")
     task = TASKS[task_name](epochs=config['epochs'], progress=False,
+                            device=device, precision=precision,
                             **{**config['options'], **options})
     model = task.build_model(config['attention'])
     state = load_best_model(model, run)
+    model = task.placement.move(model)
     epoch = state.get('epoch') or len(state.get('history', []))
     return task, model, (f"{run}: {config['attention']} (seed "
                          f"{config['seed']}), checkpoint of epoch {epoch}")

@@ -12,6 +12,7 @@ from pyg_metric_attn.experiments.config import (
     flat_options,
     parse_option,
 )
+from pyg_metric_attn.training.device import Placement
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +41,10 @@ class Task(ABC):
     Tasks that implement :meth:`fit` (and :meth:`build_model`),
     :meth:`evaluate_split` or :meth:`predict_files` also run under the
     ``train``, ``evaluate`` and ``predict`` commands.
+
+    ``device`` (``'auto'``, ``'cpu'``, ``'cuda'``, ``'cuda:N'``) and
+    ``precision`` (``'fp32'``, ``'bf16'``) are the task's :attr:`placement`:
+    it trains, evaluates and predicts there (the default: CPU, float32).
     """
     name: ClassVar[str]
     config_class: ClassVar[type[TaskConfig]]
@@ -61,10 +66,12 @@ class Task(ABC):
 
     def __init__(self, config: TaskConfig | None = None, *,
                  epochs: int | None = None, progress: bool = True,
+                 device: str | torch.device = 'cpu', precision: str = 'fp32',
                  **options: Any):
         self.config = build_config(self.config_class, options, self.name, config)
         self.epochs = epochs or self.default_epochs
         self.progress = progress
+        self.placement = Placement.of(device, precision)
 
     @classmethod
     def parse_option(cls, text: str) -> tuple[str, Any]:
@@ -95,7 +102,9 @@ class Task(ABC):
     def recorded_config(self) -> dict[str, Any]:
         """Settings recorded with every run (a finished run is reused only if
         its recorded config equals the current one)."""
+        precision = self.placement.precision
         return {'epochs': self.epochs,
+                **({'precision': precision} if precision != 'fp32' else {}),
                 **flat_options(self.config, recorded_only=True)}
 
     # Commands beyond `experiment` (optional) --------------------------------

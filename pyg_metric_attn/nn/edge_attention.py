@@ -281,4 +281,6 @@ def triton_attention(graph: LayerGraph, query: Tensor, key: Tensor,
         out = mean_over_edges(out, prepared.rowptr)
     if weights is None:
         return out, None
+    # In at least float32, as the other backends return them.
+    weights = weights.to(torch.promote_types(weights.dtype, torch.float32))
     return out, torch.empty_like(weights).index_copy_(0, perm, weights)

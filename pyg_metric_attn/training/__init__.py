@@ -1,4 +1,10 @@
 """Training loop shared by every task, alone or in several processes."""
+from pyg_metric_attn.training.device import (
+    PRECISIONS,
+    DeviceUnavailableError,
+    Placement,
+    resolve_device,
+)
 from pyg_metric_attn.training.distributed import (
     CollectiveError,
     DistributedContext,
@@ -12,7 +18,8 @@ from pyg_metric_attn.training.schedules import WarmupCosine, warmup_cosine
 from pyg_metric_attn.training.seeds import epoch_generator
 from pyg_metric_attn.training.trainer import Trainer, load_best_model, seed_everything
 
-__all__ = ['CollectiveError', 'DistributedContext', 'Trainer', 'WarmupCosine',
+__all__ = ['PRECISIONS', 'CollectiveError', 'DeviceUnavailableError',
+           'DistributedContext', 'Placement', 'Trainer', 'WarmupCosine',
            'epoch_generator', 'eval_mode', 'load_best_model', 'process_group',
-           'seed_everything', 'shard_indices', 'strided_share', 'unwrap',
-           'warmup_cosine']
+           'resolve_device', 'seed_everything', 'shard_indices',
+           'strided_share', 'unwrap', 'warmup_cosine']

@@ -92,13 +92,14 @@ class DistributedContext:
             dist.barrier()
 
     def sum(self, values: Tensor) -> Tensor:
-        """``values`` summed over the ranks (a new tensor; ``values`` itself
-        where there is one process)."""
+        """``values`` summed over the ranks (a new tensor on the device of
+        ``values``; ``values`` itself where there is one process). The sum
+        runs on this rank's :attr:`device` (NCCL reduces CUDA tensors only)."""
         if not self.is_distributed:
             return values
-        total = values.detach().clone()
+        total = values.detach().to(self.device, copy=True)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total
+        return total.to(values.device)
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""

@@ -48,8 +48,8 @@ class SegmentationMeter:
         faces = face_logits(vertex_logits, batch.face)
         predicted = faces.argmax(dim=-1)
         index = batch.y * self.num_classes + predicted
-        self.confusion += torch.bincount(
-            index, minlength=self.num_classes ** 2).view_as(self.confusion)
+        self.confusion += torch.bincount(  # kept on the CPU
+            index, minlength=self.num_classes ** 2).view_as(self.confusion).cpu()
         if loss is not None:
             self.loss_sum = ((self.loss_sum or 0.0)
                              + float(loss) * batch.y.numel())

@@ -3,6 +3,7 @@ CSV), atomic best/last checkpoints, ``resume``, early stopping, LR schedules
 and multi-process training (DDP under ``torchrun``)."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from pyg_metric_attn.training.device import Placement
 from pyg_metric_attn.training.distributed import DistributedContext
 from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.utils.io import (
@@ -81,6 +83,11 @@ class Trainer:
             gathers their random states); checkpoints hold every rank's
             random state and resume only with the same number of processes.
             One process (the default) trains as without it.
+        placement (Placement, optional): The device and precision: the model
+            is moved to its device, each batch too (tensors, PyG data, and
+            tuples, lists and dicts of them), and ``step`` and ``evaluate``
+            run under its autocast. ``evaluate`` finds its own data on the
+            device. Without it nothing is moved and nothing autocast.
     """
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, evaluate: EvaluateFn | None = None,
@@ -90,15 +97,17 @@ class Trainer:
                  progress: bool = True, desc: str = 'train',
                  batch_scheduler: Any = None,
                  checkpoint_extras: dict[str, Any] | None = None,
-                 distributed: DistributedContext | None = None):
+                 distributed: DistributedContext | None = None,
+                 placement: Placement | None = None):
         if mode not in ('max', 'min'):
             raise ValueError(f"'mode' must be 'max' or 'min', got '{mode}'")
         if patience is not None and monitor is None:
             raise ValueError("'patience' needs a 'monitor' metric")
-        self.model = model
+        self.placement = placement
+        self.model = placement.move(model) if placement is not None else model
         self.distributed = distributed or DistributedContext()
         # What `step` runs: DDP around `model` where there are several ranks.
-        self.training_model = self.distributed.wrap(model)
+        self.training_model = self.distributed.wrap(self.model)
         self.optimizer = optimizer
         self.step = step
         self.evaluate = evaluate
@@ -142,7 +151,7 @@ class Trainer:
         for epoch in bar:
             row = self._train_epoch(batches(epoch), epoch)
             if self.evaluate is not None:
-                with eval_mode(self.model):
+                with eval_mode(self.model), self._autocast():
                     row.update(self.evaluate(self.model))
             row = self.distributed.broadcast_object(row)  # rank 0's
             self.history.append(row)
@@ -163,7 +172,10 @@ class Trainer:
         start = time.perf_counter()
         for batch in batches:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.step(self.training_model, batch)
+            if self.placement is not None:
+                batch = self.placement.move(batch)
+            with self._autocast():
+                loss = self.step(self.training_model, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"Training loss became {loss.item()} at epoch {epoch}")
@@ -182,6 +194,10 @@ class Trainer:
         return {'epoch': epoch, 'train_loss': total / max(count, 1),
                 'epoch_seconds': time.perf_counter() - start,
                 'lr': self.optimizer.param_groups[0]['lr']}
+
+    def _autocast(self):
+        return (self.placement.autocast() if self.placement is not None
+                else contextlib.nullcontext())
 
     def _update_best(self, row: dict[str, float]) -> bool:
         if self.monitor is None:

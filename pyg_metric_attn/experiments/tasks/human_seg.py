@@ -308,7 +308,8 @@ class HumanSegTask(Task):
             jitter = self.config.hks_time_jitter
             if not augment or jitter == 1:
                 return batch.hks
-            log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(jitter)
+            log_scale = ((2 * torch.rand(batch.num_graphs, device=batch.hks.device)
+                          - 1) * math.log(jitter))
             return rescaled_heat_kernel_signatures(
                 batch.evals, batch.evecs, batch.batch,
                 log_scale.exp().to(batch.evals.dtype), batch.hks.size(1))
@@ -324,7 +325,7 @@ class HumanSegTask(Task):
             log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(
                 c.xyz_scaling)
             maps = maps * log_scale.exp().double()[:, None, None]
-        return torch.einsum('vij,vj->vi', maps.to(batch.pos.dtype)[batch.batch],
+        return torch.einsum('vij,vj->vi', maps.to(batch.pos)[batch.batch],
                             batch.pos)
 
     def augmented(self, train) -> Any:
@@ -399,8 +400,12 @@ class HumanSegTask(Task):
         if context.is_distributed:
             meshes = [meshes[i] for i in strided_share(len(meshes), context)]
         meter = SegmentationMeter(len(BODY_PARTS))
-        with eval_mode(model):
-            for batch in DataLoader(meshes, batch_size or self.config.batch_size):
+        loader = DataLoader(meshes, batch_size or self.config.batch_size,
+                            pin_memory=self.placement.pin_memory)
+        model = self.placement.move(model)
+        with eval_mode(model), self.placement.autocast():
+            for batch in loader:
+                batch = self.placement.move(batch)
                 logits = self.forward(model, batch)
                 loss = F.cross_entropy(face_logits(logits, batch.face), batch.y)
                 meter.update(logits, batch, loss)
@@ -453,7 +458,7 @@ class HumanSegTask(Task):
         train, evaluation = self.datasets()
         train = self.augmented(train)
         seed_everything(seed)
-        model = self.build_model(attention)
+        model = self.placement.move(self.build_model(attention))
         if context.is_distributed:
             seed_everything(context.rank_seed(seed))
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
@@ -469,9 +474,11 @@ class HumanSegTask(Task):
         def batches(epoch: int):
             if context.is_distributed:
                 share = shard_indices(len(train), context, seed, epoch)
-                return DataLoader(train, c.batch_size, sampler=share.tolist())
+                return DataLoader(train, c.batch_size, sampler=share.tolist(),
+                                  pin_memory=self.placement.pin_memory)
             return DataLoader(train, c.batch_size, shuffle=True,
-                              generator=epoch_generator(seed, epoch))
+                              generator=epoch_generator(seed, epoch),
+                              pin_memory=self.placement.pin_memory)
 
         def evaluate(model: torch.nn.Module) -> dict[str, float]:
             return self.evaluate(model, evaluation, distributed=context
@@ -481,7 +488,7 @@ class HumanSegTask(Task):
                           scheduler=scheduler, out_dir=out_dir,
                           progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}',
-                          distributed=context)
+                          distributed=context, placement=self.placement)
         trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
 
@@ -500,9 +507,11 @@ class HumanSegTask(Task):
         return {'history': history, 'final': final}
 
     def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
-        """Predicted face labels of one processed mesh."""
-        with eval_mode(model):
-            return face_logits(self.forward(model, mesh), mesh.face).argmax(-1)
+        """Predicted face labels of one processed mesh (on the CPU)."""
+        model, mesh = self.placement.move(model), self.placement.move(mesh)
+        with eval_mode(model), self.placement.autocast():
+            return face_logits(self.forward(model, mesh),
+                               mesh.face).argmax(-1).cpu()
 
     def prepare_mesh(self, pos, face, name: str):
         """A mesh as read from its file, processed as the training meshes

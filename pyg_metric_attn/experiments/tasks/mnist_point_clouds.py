@@ -167,7 +167,10 @@ class MnistPointCloudTask(Task):
     def scores(self, model: torch.nn.Module, split: str) -> dict[str, float]:
         """``SPLIT_loss`` and ``SPLIT_acc`` of ``model`` on a split."""
         loss, correct, total = 0.0, 0, 0
-        for batch in DataLoader(self.datasets()[split], batch_size=256):
+        loader = DataLoader(self.datasets()[split], batch_size=256,
+                            pin_memory=self.placement.pin_memory)
+        for batch in loader:
+            batch = self.placement.move(batch)
             logits = self.logits(model, batch)
             loss += float(F.cross_entropy(logits, batch.y, reduction='sum'))
             correct += int((logits.argmax(-1) == batch.y).sum())
@@ -185,13 +188,14 @@ class MnistPointCloudTask(Task):
         c = self.config
         train = self.datasets()['train']
         seed_everything(seed)
-        model = self.build_model(attention)
+        model = self.placement.move(self.build_model(attention))
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
                                      weight_decay=c.weight_decay)
 
         def batches(epoch: int):
             order = torch.randperm(len(train), generator=epoch_generator(seed, epoch))
-            return DataLoader(train[order], batch_size=c.batch_size)
+            return DataLoader(train[order], batch_size=c.batch_size,
+                              pin_memory=self.placement.pin_memory)
 
         def step(model: torch.nn.Module, batch: Any) -> Tensor:
             return F.cross_entropy(self.logits(model, batch), batch.y)
@@ -199,6 +203,7 @@ class MnistPointCloudTask(Task):
         trainer = Trainer(model, optimizer, step,
                           lambda model: self.scores(model, 'test'),
                           out_dir=out_dir, progress=self.progress,
+                          placement=self.placement,
                           desc=f'{self.name} {attention} seed {seed}')
         trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
@@ -216,7 +221,8 @@ class MnistPointCloudTask(Task):
         if split not in self.splits:
             raise ValueError(f"Unknown split '{split}'; expected one of "
                              f"{self.splits}")
-        with eval_mode(model):
+        model = self.placement.move(model)
+        with eval_mode(model), self.placement.autocast():
             metrics = self.scores(model, split)
         return metrics, '\n'.join(f'{key}: {value:.4f}'
                                    for key, value in metrics.items())

@@ -191,7 +191,8 @@ class Multi30kTask(Task):
         pad, bos, eos = tokenizer.pad_index, tokenizer.bos_index, tokenizer.eos_index
 
         seed_everything(seed)
-        model = self.build_model(attention, tokenizer.vocab_size, pad)
+        model = self.placement.move(
+            self.build_model(attention, tokenizer.vocab_size, pad))
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
                                      betas=(0.9, 0.98), eps=c.adam_eps,
                                      weight_decay=c.weight_decay)
@@ -231,6 +232,7 @@ class Multi30kTask(Task):
             batch_scheduler=batch_scheduler, monitor=c.monitor,
             mode=_mode(c.monitor), out_dir=out_dir, grad_clip=c.grad_clip,
             progress=self.progress, desc=f'multi30k {attention} seed {seed}',
+            placement=self.placement,
             checkpoint_extras={'tokenizer': tokenizer.to_json(),
                                'model_config': self.model_config(attention)})
         history = trainer.fit(batches, self.epochs, resume=out_dir is not None)
@@ -241,9 +243,10 @@ class Multi30kTask(Task):
         final: dict[str, float] = {'best_epoch': float(trainer.best['epoch'])}
         signature = ''
         for name, beam_size in (('greedy', 1), ('beam', c.beam_size)):
-            hypotheses = tokenizer.decode(translate(
-                model, test_src, bos, eos, c.eval_max_tokens, beam_size,
-                c.alpha))
+            with self.placement.autocast():
+                hypotheses = tokenizer.decode(translate(
+                    model, test_src, bos, eos, c.eval_max_tokens, beam_size,
+                    c.alpha))
             final[f'test_bleu_{name}'], signature = corpus_bleu(
                 hypotheses, references['test'])
             final[f'test_bleu_{name}_lc'], _ = corpus_bleu(
@@ -252,8 +255,9 @@ class Multi30kTask(Task):
                 atomic_write_text(out_dir / f'test2016.{name}.{target}',
                                   '\n'.join(hypotheses) + '\n')
         final['test_bleu'] = final['test_bleu_beam']
-        final['test_loss'] = corpus_loss(model, *splits['test'], bos, eos,
-                                         c.eval_max_tokens)
+        with self.placement.autocast():
+            final['test_loss'] = corpus_loss(model, *splits['test'], bos, eos,
+                                             c.eval_max_tokens)
         tqdm.write(f"multi30k {attention} seed {seed}: test BLEU "
                    f"{final['test_bleu']:.2f} (beam {c.beam_size}), "
                    f"{final['test_bleu_greedy']:.2f} (greedy); {signature}")
@@ -296,14 +300,16 @@ def corpus_loss(model: MetricTransformer, sources: Sequence[Sequence[int]],
                 targets: Sequence[Sequence[int]], bos: int, eos: int,
                 max_tokens: int) -> float:
     """Mean token cross entropy (nats, no label smoothing) of the targets
-    (each followed by EOS)."""
+    (each followed by EOS), on the device of ``model``."""
+    device = next(model.parameters()).device
     total, count = 0.0, 0
     lengths = [max(len(s), len(t)) + 2 for s, t in zip(sources, targets, strict=True)]
     with eval_mode(model):
         for index in bucket_batches(lengths, max_tokens):
-            src = pad_sequences([sources[i] for i in index], model.pad_index)
+            src = pad_sequences([sources[i] for i in index],
+                                model.pad_index).to(device)
             tgt = pad_sequences([targets[i] for i in index], model.pad_index,
-                                bos, eos)
+                                bos, eos).to(device)
             total += float(model.loss(src, tgt, reduction='sum'))
             count += int((tgt[:, 1:] != model.pad_index).sum())
     return total / count
@@ -313,12 +319,14 @@ def translate(model: MetricTransformer, sources: Sequence[Sequence[int]],
               bos: int, eos: int, max_tokens: int, beam_size: int = 1,
               alpha: float = 0.6) -> list[list[int]]:
     """Token ids of the translations, in input order (greedy decoding for
-    ``beam_size=1``, else beam search)."""
+    ``beam_size=1``, else beam search), decoded on the device of ``model``."""
+    device = next(model.parameters()).device
     outputs: list[list[int]] = [[] for _ in sources]
     lengths = [(len(s) + 2) * beam_size for s in sources]
     with eval_mode(model):
         for index in bucket_batches(lengths, max_tokens):
-            src = pad_sequences([sources[i] for i in index], model.pad_index)
+            src = pad_sequences([sources[i] for i in index],
+                                model.pad_index).to(device)
             if beam_size == 1:
                 decoded = greedy_decode(model, src, bos, eos)
             else:

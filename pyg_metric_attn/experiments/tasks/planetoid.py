@@ -163,7 +163,7 @@ class PlanetoidTask(Task):
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
         c = self.config
-        data = self.data()
+        data = self.placement.move(self.data())
         seed_everything(seed)
         model = GATNet(data.num_features, int(data.y.max()) + 1, attention,
                        hidden_channels=c.hidden, heads=c.heads,
@@ -175,6 +175,7 @@ class PlanetoidTask(Task):
                                         value=c.value, residual=c.residual,
                                         normalization=c.normalization,
                                         sinkhorn_iterations=c.sinkhorn_iterations))
+        model = self.placement.move(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
                                      weight_decay=c.weight_decay)
 
@@ -199,7 +200,7 @@ class PlanetoidTask(Task):
 
         trainer = Trainer(model, optimizer, step, evaluate, monitor='val_select',
                           mode='max', patience=c.patience,
-                          progress=self.progress,
+                          progress=self.progress, placement=self.placement,
                           desc=f'{self.name} {attention} seed {seed}')
         history = trainer.fit(lambda epoch: [data], self.epochs)
         best = trainer.best

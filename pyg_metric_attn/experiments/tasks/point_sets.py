@@ -115,7 +115,8 @@ class PointSetTask(Task):
                y: Tensor) -> dict[str, float]:
         """``NAME_loss`` and ``NAME_acc`` of ``model`` on the points ``x``,
         cut into consecutive sets of ``set_size``."""
-        logits = model(x, batch=consecutive_sets(x.size(0), self.config.set_size))
+        sets = consecutive_sets(x.size(0), self.config.set_size).to(x.device)
+        logits = model(x, batch=sets)
         return {f'{name}_loss': float(F.cross_entropy(logits, y)),
                 f'{name}_acc': float((logits.argmax(-1) == y).float().mean())}
 
@@ -131,16 +132,17 @@ class PointSetTask(Task):
             raise ValueError(f"The {self.name} task trains in one process: "
                              f"run it without torchrun")
         c = self.config
-        splits = self.split_data()
+        splits = self.placement.move(self.split_data())  # all of it, once
         x_train, y_train = splits.pop('train')
         seed_everything(seed)
-        model = self.build_model(attention)
+        model = self.placement.move(self.build_model(attention))
         optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
                                      weight_decay=c.weight_decay)
 
         def batches(epoch: int):
             generator = epoch_generator(seed, epoch)
             for index in shuffled_sets(len(x_train), c.set_size, generator):
+                index = index.to(x_train.device)
                 yield x_train[index], y_train[index]
 
         def step(model: torch.nn.Module, batch) -> Tensor:
@@ -154,7 +156,7 @@ class PointSetTask(Task):
             return metrics
 
         trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
-                          progress=self.progress,
+                          progress=self.progress, placement=self.placement,
                           desc=f'{self.name} {attention} seed {seed}')
         trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
@@ -173,7 +175,9 @@ class PointSetTask(Task):
             raise ValueError(f"No '{split}' split: it is the last "
                              f"'validation' training points; set "
                              f"-o validation=N")
-        with eval_mode(model):
-            metrics = self.scores(model, split, *splits[split])
+        model = self.placement.move(model)
+        with eval_mode(model), self.placement.autocast():
+            metrics = self.scores(model, split,
+                                  *self.placement.move(splits[split]))
         return metrics, '\n'.join(f'{key}: {value:.4f}'
                                    for key, value in metrics.items())

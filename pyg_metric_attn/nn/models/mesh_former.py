@@ -99,9 +99,13 @@ class MetricMeshFormerBlock(torch.nn.Module):
             time_scale=time_scale, learn_time_scale=learn_time_scale,
             **normalize)
         self.norm_global = LayerNorm(channels) if global_attention else None
+        # The global step measures distances at the local step's metric
+        # width (the head width), not MetricMultiheadAttention's default of
+        # one less (a flash-native augmented width): the results and
+        # checkpoints in RESULTS.md have this width.
         self.global_attention = MetricMultiheadAttention(
             channels, heads, metric=metric, time_scale=time_scale,
-            learn_time_scale=learn_time_scale,
+            learn_time_scale=learn_time_scale, metric_channels=channels // heads,
             **normalize) if global_attention else None
         self.norm_ffn = LayerNorm(channels)
         self.ffn = Sequential(Linear(channels, 2 * channels), GELU(),
