@@ -59,7 +59,7 @@ for name in ('torch_geometric', 'triton', 'torch_scatter', 'torch_sparse',
         print(f'{name}: {getattr(module, "__version__", "imported")}')
     except Exception as error:
         print(f'{name}: NOT importable ({type(error).__name__}: {error})'[:160])
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
+from pyg_metric_attn.nn.triton import HAVE_TRITON
 print('pyg_metric_attn HAVE_TRITON:', HAVE_TRITON)
 EOF
     if [ -f datasets/multi30k/raw/train.de.gz ]; then

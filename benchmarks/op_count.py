@@ -21,22 +21,81 @@ HOST_READS = ('_local_scalar_dense', 'nonzero', 'unique', '_unique2',
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched while active, by name."""
+    """Counts the aten ops dispatched while active, by name, those inside
+    this package's custom operators included (their implementations run
+    under the mode again), and the Triton kernels launched (``launches``; the
+    copies Triton's interpreter makes during a launch are no op of the step)."""
     def __init__(self):
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.launches: Counter[str] = Counter()
+        self._launching = False
+        self._depth = 0  # the mode re-enters itself inside the custom ops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._launching:
+            return func(*args, **(kwargs or {}))
         self.ops[func.overloadpacket.__name__] += 1
+        inside = _custom_op_implementation(str(func.overloadpacket))
+        if inside is not None:
+            with self:
+                return inside(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        if self._depth == 0:
+            self._kernels = _triton_kernels()
+            for name, kernel in self._kernels.items():
+                self._kernels[name] = _CountedKernel(self, name, kernel)
+        self._depth += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0:
+            for name, kernel in self._kernels.items():
+                self._kernels[name] = kernel.kernel
+        return super().__exit__(*exc)
+
+
+class _CountedKernel:
+    """A Triton kernel whose launches an :class:`OpCounter` counts."""
+    def __init__(self, counter: OpCounter, name: str, kernel):
+        self.counter, self.name, self.kernel = counter, name, kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.counter.launches[self.name] += 1
+            self.counter._launching = True
+            try:
+                return self.kernel[grid](*args, **kwargs)
+            finally:
+                self.counter._launching = False
+        return launch
+
+
+def _triton_kernels() -> dict:
+    from pyg_metric_attn.nn.triton import HAVE_TRITON, function
+    return function.kernels() if HAVE_TRITON else {}
+
+
+def _custom_op_implementation(name: str):
+    from pyg_metric_attn.nn.triton import function
+    return function.IMPLEMENTATIONS.get(name)
 
 
 def repeated_step_ops(conv: torch.nn.Module, *inputs) -> Counter[str]:
     """The ops of ``conv(*inputs).sum().backward()`` after a first such step."""
+    return repeated_step(conv, *inputs).ops
+
+
+def repeated_step(conv: torch.nn.Module, *inputs) -> OpCounter:
+    """The :class:`OpCounter` of ``conv(*inputs).sum().backward()`` after a
+    first such step (ops and Triton launches)."""
     conv(*inputs).sum().backward()
     with OpCounter() as counter:
         conv(*inputs).sum().backward()
-    return counter.ops
+    return counter
 
 
 def main() -> None:
@@ -58,11 +117,14 @@ def main() -> None:
         for backend in args.backends.split(','):
             layers[f'{metric}-{backend}'] = MetricAttentionConv(
                 64, 16, heads=4, metric=metric, backend=backend)
-    print('| layer | aten ops per fwd+bwd | host reads |\n|---|---|---|')
+    print('| layer | aten ops per fwd+bwd | Triton launches | host reads |\n'
+          '|---|---|---|---|')
     for name, conv in layers.items():
-        ops = repeated_step_ops(conv, x, edge_index)
+        counter = repeated_step(conv, x, edge_index)
+        ops = counter.ops
         reads = {op: ops[op] for op in HOST_READS if ops[op]}
-        print(f'| {name} | {sum(ops.values())} | {reads or "-"} |')
+        print(f'| {name} | {sum(ops.values())} | {sum(counter.launches.values())} '
+              f'| {reads or "-"} |')
 
 
 if __name__ == '__main__':

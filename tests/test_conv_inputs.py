@@ -17,7 +17,7 @@ from torch_geometric.utils import (
 )
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
+from pyg_metric_attn.nn.triton import HAVE_TRITON
 from pyg_metric_attn.utils import graph_cache
 from pyg_metric_attn.utils.checks import check_edge_index
 

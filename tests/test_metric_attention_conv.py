@@ -18,7 +18,7 @@ from torch_geometric.utils import (
 )
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
+from pyg_metric_attn.nn.triton import HAVE_TRITON
 
 METRICS = ['metric', 'l2', 'dot']
 BACKENDS = ['fused', 'scatter']

@@ -16,7 +16,7 @@ import torch
 from torch_geometric.utils import softmax
 
 from pyg_metric_attn import MetricAttentionConv
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON
+from pyg_metric_attn.nn.triton import HAVE_TRITON
 
 METRICS = ['metric', 'l2', 'dot']
 BACKENDS = ['fused', 'scatter']

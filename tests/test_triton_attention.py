@@ -36,7 +36,8 @@ if os.environ.get('TRITON_INTERPRET') == '1' and _version(triton.__version__) < 
 
 from torch_geometric.utils import scatter, softmax  # noqa: E402
 
-from pyg_metric_attn.nn import triton_attention as ta  # noqa: E402
+from pyg_metric_attn.nn import triton as ta  # noqa: E402
+from pyg_metric_attn.nn.triton import function, schedule  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 METRICS = ['metric', 'l2', 'dot']
@@ -121,7 +122,7 @@ def check_against_reference(metric, rowptr, col, q, k, v, bias, t, *,
     q1, k1, v1 = leaves(q, k, v)
     b1 = leaves(bias)[0] if bias is not None else None
     t1 = leaves(t)[0] if has_t else t
-    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, metric, t1, b1,
+    out, lse, w = ta.metric_attention_lse(q1, k1, v1, rowptr, col, metric, t1, b1,
                                 dropout_p=dropout_p, seed=seed, need_weights=True,
                                 deterministic=deterministic)
     assert out.dtype == q.dtype and w.dtype == q.dtype and lse.dtype == torch.float32
@@ -206,7 +207,7 @@ def test_empty_graphs():
     bias = torch.zeros(0, 2, device=DEVICE, requires_grad=True)
     rowptr = torch.zeros(5, dtype=torch.long, device=DEVICE)
     col = torch.zeros(0, dtype=torch.long, device=DEVICE)
-    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, time_scale=t,
+    out, lse, w = ta.metric_attention_lse(q1, k1, v1, rowptr, col, time_scale=t,
                                 edge_bias=bias, need_weights=True)
     assert not out.any() and out.shape == (4, 2, 5) and w.shape == (0, 2)
     assert (lse == float('-inf')).all()
@@ -225,7 +226,7 @@ def test_rows_masked_by_infinite_bias_give_zero_not_nan():
     q, k, v, b = inputs(6, 5, 2, 3, 3, col.numel(), gen)
     b[rowptr[1]:rowptr[2], 0] = float('-inf')  # row 1, head 0 fully masked
     q1, k1, v1, b1 = leaves(q, k, v, b)
-    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, edge_bias=b1,
+    out, lse, w = ta.metric_attention_lse(q1, k1, v1, rowptr, col, edge_bias=b1,
                                 need_weights=True)
     assert not out[1, 0].any() and lse[1, 0] == float('-inf')
     assert not out.isnan().any() and not w.isnan().any()
@@ -290,8 +291,8 @@ def test_half_precision(dtype):
 def test_hub_row_and_hub_source_are_split(monkeypatch, deterministic):
     """A destination row and a source column much longer than the chunk:
     several programs per row/column, partials combined in a second kernel."""
-    monkeypatch.setattr(ta, 'BLOCK_E', 4)
-    monkeypatch.setattr(ta, 'ROW_CHUNK', 8)
+    monkeypatch.setattr(function, 'BLOCK_E', 4)
+    monkeypatch.setattr(schedule, 'ROW_CHUNK', 8)
     gen = torch.Generator().manual_seed(8)
     num_dst, num_src = 6, 40
     # row 2 is a hub (every source, twice: degree 80 = 10 chunks); source 0 is
@@ -308,9 +309,9 @@ def test_hub_row_and_hub_source_are_split(monkeypatch, deterministic):
     colptr = torch.zeros(num_src + 1, dtype=torch.long)
     colptr[1:] = torch.bincount(col, minlength=num_src).cumsum(0)
     rowptr, colptr, col = rowptr.to(DEVICE), colptr.to(DEVICE), col.to(DEVICE)
-    rows = ta._schedule(rowptr, col.numel(), 8)
+    rows = schedule.segment_schedule(rowptr, col.numel(), 8)
     assert (rows.items[0] == 2).sum() == 10 and 2 in rows.split[0]
-    cols = ta._schedule(colptr, col.numel(), 8)
+    cols = schedule.segment_schedule(colptr, col.numel(), 8)
     assert (cols.items[0] == 0).sum() == 3 and 0 in cols.split[0]
     q, k, v, b = inputs(num_dst, num_src, 2, 3, 5, col.numel(), gen)
     check_against_reference('metric', rowptr, col, q, k, v, b, torch.tensor(3.0),
@@ -353,7 +354,7 @@ def test_huge_inputs_match_float64(metric, scale):
     b = b * min(scale * scale, 1e37)  # a bias on the logits' own scale
     t = torch.tensor(0.5, device=DEVICE)
     q1, k1, v1, b1 = leaves(q, k, v, b)
-    out, lse, w = ta._attention(q1, k1, v1, rowptr, col, metric, t, b1,
+    out, lse, w = ta.metric_attention_lse(q1, k1, v1, rowptr, col, metric, t, b1,
                                 need_weights=True)
     q2, k2, v2, b2 = leaves(q, k, v, b, dtype=torch.float64)
     out2, lse2, w2 = reference(q2, k2, v2, rowptr, col, metric, t, b2)
@@ -421,7 +422,7 @@ def test_import_without_triton_and_clear_error():
         sys.meta_path.insert(0, Block())
         import torch
         import pyg_metric_attn
-        from pyg_metric_attn.nn import triton_attention as ta
+        from pyg_metric_attn.nn import triton as ta
         assert not ta.HAVE_TRITON
         try:
             ta.triton_metric_attention(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1),
@@ -439,22 +440,63 @@ def test_import_without_triton_and_clear_error():
     assert result.stdout.strip() == 'ok', result.stderr[-2000:]
 
 
+COMPILE_CHECK = textwrap.dedent("""
+    import inspect, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from pyg_metric_attn.nn.triton.kernels import KERNELS
+
+    index = {'COL', 'SCHED', 'SPLIT', 'ROW', 'CSC_ROW', 'CSC_EDGE', 'SEED'}
+    fp32 = {'STATS', 'MEAN', 'DELTA', 'RANGE', 'ABSMAX', 'TS', 'PART_ML',
+            'PART_ACC', 'PART', 'PART_DQ', 'PART_DK', 'PART_DV', 'DT_PART'}
+    scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64', 'n': 'i64',
+               'n_items': 'i64', 'n_split': 'i64', 'p_drop': 'fp32',
+               'drop_scale': 'fp32'}
+    blocks = {'BLOCK_E': 32, 'BLOCK_D': 16, 'BLOCK_C': 64, 'BLOCK_W': 16,
+              'BLOCK': 1024}
+    target = GPUTarget('cuda', int(sys.argv[1]), 32)
+    count = 0
+    for name, kernel in KERNELS.items():
+        for flag in (True, False):
+            signature, constexprs = {}, {}
+            for param, spec in inspect.signature(kernel.fn).parameters.items():
+                if param in scalars:
+                    signature[param] = scalars[param]
+                elif 'constexpr' in str(spec.annotation):
+                    signature[param] = 'constexpr'
+                    constexprs[param] = blocks.get(param, flag)
+                elif param in index:
+                    signature[param] = '*i64'
+                elif param in fp32 or (name == 'backward_rows'
+                                       and param in ('DK', 'DV')):
+                    signature[param] = '*fp32'
+                else:
+                    signature[param] = '*' + sys.argv[2]
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
+                                                constexprs=constexprs),
+                                      target=target)
+            assert 'cubin' in compiled.asm
+            count += 1
+    print(count)
+""")
+
+
 def test_kernels_compile_for_h100():
     """Every kernel (all flags on / all off) compiles to an sm_90 cubin with
     the real compiler, not the interpreter (no GPU needed: ptxas ships with
     triton). Catches code that only the interpreter accepts."""
     pytest.importorskip('triton.backends.compiler')
-    code = ('from pyg_metric_attn.nn import triton_attention as ta\n'
-            "print(ta._compile_check(90, 'bf16'))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {key: value for key, value in os.environ.items()
            if key != 'TRITON_INTERPRET'}
     env['PYTHONPATH'] = root + os.pathsep + os.environ.get('PYTHONPATH', '')
     env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
-    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                            text=True, env=env, timeout=300)
+    result = subprocess.run([sys.executable, '-c', COMPILE_CHECK, '90', 'bf16'],
+                            capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-1] == str(2 * len(ta._KERNEL_FUNCTIONS))
+    from pyg_metric_attn.nn.triton.kernels import KERNELS
+    assert result.stdout.split()[-1] == str(2 * len(KERNELS))
 
 
 @pytest.mark.parametrize('metric,aggr', [('metric', 'add'), ('dot', 'mean')])
@@ -491,3 +533,168 @@ def test_layer_triton_backend_equals_fused(metric, aggr):
     for name, grad in grads.items():
         torch.testing.assert_close(t_grads[name], grad, rtol=1e-4, atol=1e-5,
                                    msg=name)
+
+
+# ---------------------------------------------------------------- unsafe input
+
+def test_pyg_index_subclasses_are_read_as_plain_tensors():
+    """PyG's ``EdgeIndex`` / ``Index`` keep their data in a plain tensor of
+    their own; the kernels read that (the subclass itself has no storage the
+    interpreter, or a GPU, could read: address 0x0 on CUDA)."""
+    from torch_geometric import EdgeIndex
+    gen = torch.Generator().manual_seed(12)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    expected, _ = ta.triton_metric_attention(q, k, v, rowptr, col)
+    row = torch.repeat_interleave(torch.arange(6, device=DEVICE), rowptr.diff())
+    edge_index = EdgeIndex(torch.stack([col, row]), sparse_size=(5, 6),
+                           sort_order='col')
+    out, _ = ta.triton_metric_attention(q, k, v, rowptr, edge_index[0])
+    assert torch.equal(out, expected)
+    out, _ = ta.triton_metric_attention(q, k, v, edge_index.get_indptr(), edge_index[0])
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize('bad', [-1, 5])
+def test_column_out_of_range_raises_index_error(bad):
+    """A source index outside [0, N_src) is never read: IndexError naming it."""
+    gen = torch.Generator().manual_seed(13)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    col = col.clone()
+    col[3] = bad
+    with pytest.raises(IndexError, match=f'{bad}.*\\[0, 5\\)'):
+        ta.triton_metric_attention(q, k, v, rowptr, col)
+
+
+def test_bad_row_pointer_raises():
+    """rowptr must run non-decreasing from 0 to E: anything else would make
+    the kernels read edges that do not exist."""
+    gen = torch.Generator().manual_seed(14)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
+    for broken in (rowptr + 1, rowptr.flip(0), torch.cat([rowptr[:-1],
+                                                          rowptr[-1:] + 2])):
+        with pytest.raises(ValueError, match='rowptr'):
+            ta.triton_metric_attention(q, k, v, broken, col)
+
+
+def test_prepared_graph_gives_the_same_result():
+    """A graph prepared once (checks, transpose, schedules) and passed as
+    ``graph=`` gives the on-the-fly call's outputs and gradients bitwise."""
+    gen = torch.Generator().manual_seed(15)
+    rowptr, col = messy_csr(7, 6, gen, p=0.5)
+    q, k, v, b = inputs(7, 6, 2, 3, 4, col.numel(), gen)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+    results = []
+    for kwargs in (dict(rowptr=rowptr, col=col), dict(graph=graph),
+                   dict(graph=graph)):
+        q1, k1, v1, b1 = leaves(q, k, v, b)
+        out, _ = ta.triton_metric_attention(q1, k1, v1, edge_bias=b1, **kwargs)
+        results.append((out,) + torch.autograd.grad(out.square().sum(),
+                                                    (q1, k1, v1, b1)))
+    for other in results[1:]:
+        assert all(torch.equal(a, b_) for a, b_ in zip(results[0], other,
+                                                      strict=True))
+    with pytest.raises(ValueError, match='not both'):
+        ta.triton_metric_attention(q, k, v, rowptr, col, graph=graph)
+    with pytest.raises(ValueError, match='destinations'):
+        ta.triton_metric_attention(q[:-1], k, v, graph=graph)
+    no_transpose = ta.prepare_triton_graph(rowptr, col, 6, transpose=False)
+    with pytest.raises(ValueError, match='transpose=True'):
+        ta.triton_metric_attention(q, k.requires_grad_(), v, graph=no_transpose)
+
+
+def test_torch_compile_fullgraph():
+    """The kernels are custom operators with fake implementations and autograd:
+    torch.compile traces the whole call, graph preparation included, as one
+    graph (``fullgraph=True``), forward and backward equal eager's. On CPU
+    ``backend='aot_eager'`` keeps the test fast; inductor traces it too."""
+    gen = torch.Generator().manual_seed(16)
+    rowptr, col = messy_csr(6, 5, gen, p=0.5)
+    q, k, v, b = inputs(6, 5, 2, 3, 4, col.numel(), gen)
+
+    def step(q, k, v, b, t):
+        out, w = ta.triton_metric_attention(q, k, v, rowptr, col, 'metric', t, b,
+                                            dropout_p=0.2, seed=3, need_weights=True)
+        return out.square().sum() + w.sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend='aot_eager')
+    results = []
+    for fn in (step, compiled):
+        q1, k1, v1, b1 = leaves(q, k, v, b)
+        t1 = torch.tensor(0.7, device=DEVICE, requires_grad=True)
+        loss = fn(q1, k1, v1, b1, t1)
+        results.append((loss,) + torch.autograd.grad(loss, (q1, k1, v1, b1, t1)))
+    for eager, traced in zip(*results, strict=True):
+        assert torch.equal(eager, traced)
+
+
+def test_repeated_step_never_syncs():
+    """After the graph is prepared, a training step (dropout with a drawn
+    seed, a learned time scale, edge bias, weights) reads nothing back to the
+    host: no ``.item()``, ``nonzero``, ``unique`` (inside the custom operators
+    included); it launches the forward kernels and the two backward passes."""
+    from benchmarks.op_count import HOST_READS, OpCounter
+    gen = torch.Generator().manual_seed(17)
+    rowptr, col = messy_csr(8, 6, gen, p=0.5)
+    q, k, v, b = leaves(*inputs(8, 6, 2, 3, 4, col.numel(), gen))
+    t = torch.tensor(0.7, device=DEVICE, requires_grad=True)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+
+    def step():
+        out, w = ta.triton_metric_attention(q, k, v, time_scale=t, edge_bias=b,
+                                            dropout_p=0.3, need_weights=True,
+                                            graph=graph)
+        (out.square().sum() + w.sum()).backward()
+
+    step()
+    with OpCounter() as counter:
+        step()
+    assert not {op: counter.ops[op] for op in HOST_READS if counter.ops[op]}
+    assert counter.ops['triton_attention_backward'] == 1
+    assert counter.ops['segment_reduce'] == 1  # inside the backward operator
+    assert counter.launches == {'finite_abs_max': 3, 'forward': 1, 'weights': 1,
+                                'backward_rows': 1, 'backward_columns': 1}
+
+
+def test_layer_takes_edge_index_in_every_sort_order():
+    """MetricAttentionConv(backend='triton') on PyG's EdgeIndex (unsorted,
+    sorted by row, sorted by column) gives the plain tensor's output: the
+    prepared graph reads the subclasses' plain data."""
+    from torch_geometric import EdgeIndex
+
+    from pyg_metric_attn import MetricAttentionConv
+    g = torch.Generator().manual_seed(18)
+    x = torch.randn(8, 5, generator=g)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(5, 3, heads=2, backend='triton')
+    expected = conv(x, edge_index)
+    for order in (None, 'row', 'col'):
+        index = EdgeIndex(edge_index, sparse_size=(8, 8))
+        if order is not None:
+            index = index.sort_by(order).values
+        torch.testing.assert_close(conv(x, index), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_compiles_to_one_graph():
+    """MetricAttentionConv(backend='triton') under torch.compile(fullgraph=True):
+    graph checks, self-loops, the prepared graph and both custom operators
+    trace as one graph; output and gradients equal eager's."""
+    from pyg_metric_attn import MetricAttentionConv
+    g = torch.Generator().manual_seed(19)
+    x = torch.randn(8, 5, generator=g)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g)
+    edge_attr = torch.randn(20, 2, generator=g)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(5, 3, heads=2, edge_dim=2, learn_time_scale=True,
+                               backend='triton')
+    compiled = torch.compile(conv, fullgraph=True, backend='aot_eager')
+    results = []
+    for fn in (conv, compiled):
+        out = fn(x, edge_index, edge_attr)
+        results.append((out,) + torch.autograd.grad(out.square().sum(),
+                                                    list(conv.parameters())))
+    for eager, traced in zip(*results, strict=True):
+        torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-7)

@@ -5,13 +5,14 @@ and the run of its backend.
 three ways: ``'scatter'`` (PyG message passing, in the layer), ``'fused'``
 (segment softmax and sparse products on a CSR view,
 :mod:`~pyg_metric_attn.nn.sparse_attention`) and ``'triton'`` (one fused GPU
-kernel, :mod:`~pyg_metric_attn.nn.triton_attention`). :func:`choose_backend`
+kernel, :mod:`~pyg_metric_attn.nn.triton`). :func:`choose_backend`
 picks the one of a call and :func:`fused_attention` and
 :func:`triton_attention` run the two kernels.
 
 Everything that depends only on the graph lives in :class:`LayerGraph`, built
 once per graph: the index check, the graph with its self-loops replaced, the
-destination-sorted CSR and its transpose. It is the one owner of the graph
+destination-sorted CSR and its transpose (or the graph prepared for the
+Triton kernels). It is the one owner of the graph
 cache's keys (:mod:`~pyg_metric_attn.utils.graph_cache`), so each key says
 every transform the structure went through.
 """
@@ -32,7 +33,12 @@ from pyg_metric_attn.nn.sparse_attention import (
     block_logits,
     sparse_metric_attention,
 )
-from pyg_metric_attn.nn.triton_attention import HAVE_TRITON, triton_metric_attention
+from pyg_metric_attn.nn.triton import (
+    HAVE_TRITON,
+    TritonGraph,
+    prepare_triton_graph,
+    triton_metric_attention,
+)
 from pyg_metric_attn.utils.checks import check_edge_index
 from pyg_metric_attn.utils.csr import (
     HeadBlockCSR,
@@ -92,11 +98,11 @@ def choose_backend(backend: str, layer: MessagePassing, values: Tensor,
         return 'scatter'
     if backend != 'auto':
         return backend
-    if torch.compiler.is_compiling():
-        return 'scatter'
     if (values.device.type == 'cuda' and HAVE_TRITON
             and values.dtype in TRITON_DTYPES and normalization == 'row'):
-        return 'triton'
+        return 'triton'  # custom operators: one graph under torch.compile too
+    if torch.compiler.is_compiling():
+        return 'scatter'  # the fused kernels are opaque to torch.compile
     if (values.device.type == 'cpu'
             and values.dtype in (torch.float32, torch.float64)):
         return 'fused'
@@ -178,15 +184,17 @@ class LayerGraph:
         return self._cached('csr', lambda: HeadBlockCSR(
             self.edge_index, self.num_src, self.num_dst, heads), heads)
 
-    def destination_sorted(self) -> tuple[Tensor, Tensor, Tensor]:
-        """``(perm, rowptr, col)`` of :attr:`edge_index` (the Triton
-        backend): the edges sorted by destination (stably), the CSR row
-        pointer and the sorted sources."""
-        def build() -> tuple[Tensor, Tensor, Tensor]:
+    def triton_graph(self) -> tuple[Tensor, TritonGraph]:
+        """``(perm, graph)`` of :attr:`edge_index` (the Triton backend): the
+        edges sorted by destination (stably), and that CSR graph prepared for
+        the kernels (checked, transposed, scheduled:
+        :func:`~pyg_metric_attn.nn.triton.prepare_triton_graph`)."""
+        def build() -> tuple[Tensor, TritonGraph]:
             edge_index = self.edge_index
             perm, ptr = sort_by_segment(edge_index[1], self.num_dst)
-            return perm, ptr, edge_index[0].index_select(0, perm)
-        return self._cached('destination_sorted', build)
+            return perm, prepare_triton_graph(
+                ptr, edge_index[0].index_select(0, perm), self.num_src)
+        return self._cached('triton_graph', build)
 
 
 def mean_over_edges(out: Tensor, ptr: Tensor) -> Tensor:
@@ -253,7 +261,6 @@ def fused_attention(graph: LayerGraph, query: Tensor, key: Tensor,
     return (mean_over_edges(out, csr.ptr) if mean else out), weights
 
 
-@torch.compiler.disable  # a Triton kernel: opaque to torch.compile
 def triton_attention(graph: LayerGraph, query: Tensor, key: Tensor,
                      value: Tensor, metric: str, time_scale: float | Tensor,
                      edge_bias: OptTensor = None, dropout_p: float = 0.0,
@@ -264,14 +271,14 @@ def triton_attention(graph: LayerGraph, query: Tensor, key: Tensor,
     the values' dtype (the kernel accumulates in float32); dropout
     (probability ``dropout_p``) is drawn inside the kernel. Arguments as
     :func:`fused_attention`."""
-    perm, ptr, col = graph.destination_sorted()
+    perm, prepared = graph.triton_graph()
     dtype = value.dtype
     out, weights = triton_metric_attention(
-        query.to(dtype), key.to(dtype), value, ptr, col, metric, time_scale,
-        None if edge_bias is None else edge_bias.index_select(0, perm),
-        dropout_p=dropout_p, need_weights=need_weights)
+        query.to(dtype), key.to(dtype), value, metric=metric, time_scale=time_scale,
+        edge_bias=None if edge_bias is None else edge_bias.index_select(0, perm),
+        dropout_p=dropout_p, need_weights=need_weights, graph=prepared)
     if mean:
-        out = mean_over_edges(out, ptr)
+        out = mean_over_edges(out, prepared.rowptr)
     if weights is None:
         return out, None
     # In at least float32, as the other backends return them.

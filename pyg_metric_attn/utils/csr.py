@@ -46,6 +46,15 @@ def sort_by_segment(keys: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
     return order, torch.searchsorted(keys, bounds)
 
 
+def segment_ids(ptr: Tensor, num_entries: int,
+                dtype: torch.dtype = torch.long) -> Tensor:
+    """The segment of every entry of a CSR pointer ``ptr`` (``[num_entries]``;
+    ``num_entries`` known on the host, so no sync)."""
+    return torch.repeat_interleave(
+        torch.arange(ptr.numel() - 1, device=ptr.device, dtype=dtype), ptr.diff(),
+        output_size=num_entries)
+
+
 class HeadBlockCSR:
     r"""The graph ``edge_index`` (``[2, E]``, row 0 = source) as one CSR
     pattern that ``heads`` attention heads share (see the module docstring).
@@ -70,9 +79,7 @@ class HeadBlockCSR:
         src = edge_index[0].index_select(0, perm)
         self.crow, self.col = self.ptr.to(dtype), src.to(dtype)
         # The destination of every entry, to broadcast per-row values.
-        self.row = torch.repeat_interleave(
-            torch.arange(num_dst, device=device, dtype=dtype), self.ptr.diff(),
-            output_size=num_edges)
+        self.row = segment_ids(self.ptr, num_edges, dtype)
         # The transposed pattern (rows = sources) and, for each of its
         # entries, the entry of the pattern it holds.
         order, src_ptr = sort_by_segment(src, num_src)

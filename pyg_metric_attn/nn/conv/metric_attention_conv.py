@@ -141,7 +141,7 @@ class MetricAttentionConv(MessagePassing):
             view, :math:`E \times H` memory per edge
             (:mod:`~pyg_metric_attn.nn.sparse_attention`); ``'triton'``: one
             fused GPU kernel with an online softmax, no per-edge tensor
-            (:mod:`~pyg_metric_attn.nn.triton_attention`, needs
+            (:mod:`~pyg_metric_attn.nn.triton`, needs
             ``pip install pyg-metric-attn[gpu]``); ``'scatter'``: PyG message
             passing with :math:`E \times H \times C` messages, which runs PyG's
             message hooks, explain mode and any ``aggr``. ``'auto'`` takes
@@ -150,8 +150,9 @@ class MetricAttentionConv(MessagePassing):
             ``'scatter'`` while hooks or explain mode need the messages;
             ``'auto'`` takes it for an ``aggr`` other than
             ``'add'``/``'sum'``/``'mean'`` (which ``'fused'`` and
-            ``'triton'`` refuse), under :func:`torch.compile` and under
-            :func:`torch.jit.trace` (which cannot trace the other two).
+            ``'triton'`` refuse), under :func:`torch.compile` where
+            ``'triton'`` does not apply, and under :func:`torch.jit.trace`
+            (which cannot trace the other two).
             ``'triton'`` computes only ``normalization='row'`` (``'auto'``
             then takes ``'fused'`` or ``'scatter'``). (default: :obj:`'auto'`)
         **kwargs (optional): Additional arguments of
