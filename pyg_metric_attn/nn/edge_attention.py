@@ -1,7 +1,7 @@
 r"""Attention over a graph's edges: the graph a layer runs on, and the choice
 and the run of its backend.
 
-:class:`~pyg_metric_attn.nn.conv.MetricAttentionConv` computes one function
+:class:`~pyg_metric_attn.nn.MetricAttentionConv` computes one function
 three ways: ``'scatter'`` (PyG message passing, in the layer), ``'fused'``
 (segment softmax and sparse products on a CSR view,
 :mod:`~pyg_metric_attn.nn.sparse_attention`) and ``'triton'`` (one fused GPU
@@ -82,7 +82,7 @@ def check_backend(backend: str, aggr: object, normalization: str) -> None:
 def choose_backend(backend: str, layer: MessagePassing, values: Tensor,
                    normalization: str) -> str:
     """The backend of one call of ``layer`` (see ``backend`` in
-    :class:`~pyg_metric_attn.nn.conv.MetricAttentionConv`): the requested
+    :class:`~pyg_metric_attn.nn.MetricAttentionConv`): the requested
     one, ``'scatter'`` while hooks or explain mode need the messages, and
     for ``'auto'`` the fastest one that computes the call."""
     if torch.jit.is_tracing():

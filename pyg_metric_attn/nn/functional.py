@@ -26,7 +26,7 @@ one width (a multiple of 8 off CPU), so a metric width one less than the
 value width pads nothing and runs the kernel of the value width: on an H100
 (bf16, issue 27) a metric width of 64 (65, padded to 72, ran cuDNN's 128-wide
 kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
-63 1.09-1.89x. :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`
+63 1.09-1.89x. :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
 therefore defaults to it. The augmentation (norm, concatenation) stays plain
 tensor ops, which :func:`torch.compile` fuses into its graph with the
 ``'fast'`` precision policy. ``'dot'`` is plain SDPA with

@@ -157,7 +157,7 @@ class MetricTransformer(torch.nn.Module):
             :math:`t`, or ``'matched'``: :math:`t = 2\sqrt{D}` for the
             attention's metric width per head :math:`D` (``d_model /
             num_heads - 1``, see
-            :class:`~pyg_metric_attn.nn.dense.MetricMultiheadAttention`;
+            :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`;
             :math:`1` for ``'dot'``), the
             logit scale of scaled dot-product attention. The default is the
             paper's :math:`t = 1`, under which each token attends almost only

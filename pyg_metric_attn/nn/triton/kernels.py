@@ -50,7 +50,7 @@ passes. No ``[E, H]`` mask is stored.
 by construction: work items and split segments are indexed by the program
 id (< the grid), edge positions lie in ``[lo, hi)`` of a validated
 ``rowptr``, and node indices come from ``col`` / ``row``, validated (or
-built) by :func:`~pyg_metric_attn.nn.triton.schedule.prepare_triton_graph`.
+built) by :func:`~pyg_metric_attn.nn.triton.prepare_triton_graph`.
 
 This module decorates with ``triton.jit`` at import, which reads
 ``TRITON_INTERPRET``: it is imported on the first launch, not with the package.

@@ -20,10 +20,11 @@ of items is bounded by ``N + E // chunk`` (known on the host); idle items
 exit at once.
 
 **Transpose.** The source-side gradients of the deterministic backward run
-over the edges sorted stably by source (:func:`~pyg_metric_attn.utils.csr.
-sort_by_segment`): per CSC entry the destination row (for :math:`q_i`,
-``dout_i`` and the row state) and the CSR position (for the edge bias, the
-weight gradient and the dropout counter).
+over the edges sorted stably by source
+(:func:`~pyg_metric_attn.utils.csr.sort_by_segment`): per CSC entry the
+destination row (for :math:`q_i`, ``dout_i`` and the row state) and the
+CSR position (for the edge bias, the weight gradient and the dropout
+counter).
 """
 from __future__ import annotations
 
