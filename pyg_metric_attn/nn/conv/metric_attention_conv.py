@@ -22,7 +22,7 @@ from pyg_metric_attn.nn.edge_attention import (
 )
 from pyg_metric_attn.nn.functional import dense_metric_attention
 from pyg_metric_attn.nn.normalization import attention_weights, check_normalization
-from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, tied_map
+from pyg_metric_attn.nn.pseudo_metric import check_metric, embed_pair, metric_maps
 from pyg_metric_attn.nn.sparse_attention import gathered_logits
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.adjacency import (
@@ -36,7 +36,7 @@ from pyg_metric_attn.utils.checks import (
     check_edge_attr,
     check_node_features,
 )
-from pyg_metric_attn.utils.point_sets import check_batch
+from pyg_metric_attn.utils.point_sets import check_batch, point_set_mask
 
 
 class MetricAttentionConv(MessagePassing):
@@ -242,19 +242,10 @@ class MetricAttentionConv(MessagePassing):
         # Maps to the metric space: `embed_dst` is None when both ends share
         # `embed_src` (the tied maps of 'metric' and 'l2').
         embed_channels = heads * self.metric_channels
-        if self.metric == 'dot':
-            self.embed_src = Linear(src_channels, embed_channels, bias=False,
-                                    weight_initializer='glorot')
-            self.embed_dst = Linear(dst_channels, embed_channels, bias=False,
-                                    weight_initializer='glorot')
-        else:
-            self.embed_src = tied_map(self.metric, src_channels, embed_channels,
-                                      self.mlp_channels)
-            self.embed_dst = None
-            if not isinstance(in_channels, int) and (
-                    src_channels != dst_channels or src_channels < 0):
-                self.embed_dst = tied_map(self.metric, dst_channels,
-                                          embed_channels, self.mlp_channels)
+        self.embed_src, self.embed_dst = metric_maps(
+            self.metric, src_channels, dst_channels, embed_channels,
+            self.mlp_channels, separate=not isinstance(in_channels, int)
+            and (src_channels != dst_channels or src_channels < 0))
 
         self.lin_value = (Linear(src_channels, heads * out_channels, bias=False,
                                  weight_initializer='glorot') if value else None)
@@ -429,9 +420,7 @@ class MetricAttentionConv(MessagePassing):
         values = self._values(x)
         key, mask = self._to_sets(z_src, batch)  # [B, H, L, D], [B, L]
         query = key if z_dst is z_src else self._to_sets(z_dst, batch)[0]
-        attn_mask = mask.view(mask.size(0), 1, 1, mask.size(1))
-        if self.normalization != 'row':  # padded queries must not take weight
-            attn_mask = attn_mask & mask.view(mask.size(0), 1, mask.size(1), 1)
+        attn_mask = point_set_mask(mask, self.normalization)
         out, _ = dense_metric_attention(
             query, key, self._to_sets(values, batch)[0].to(key.dtype),
             self.metric, self.time_scale, attn_mask=attn_mask,
