@@ -116,8 +116,9 @@ def test_every_attention_module_takes_the_matched_time_scale(metric):
     assert mha.time_scale == dense_matched
     former = MetricMeshFormer(5, 2, hidden_channels=8, heads=2, metric=metric,
                               time_scale='matched', learn_time_scale=False)
+    # The former's global step measures at the head width, as its local one.
     assert former.blocks[0].local.time_scale == matched
-    assert former.blocks[0].global_attention.time_scale == dense_matched
+    assert former.blocks[0].global_attention.time_scale == matched
     model = MetricTransformer(10, 10, 8, 2, 1, 1, 16, attention=metric,
                               time_scale='matched')
     assert model.encoder_layers[0].self_attn.time_scale == dense_matched
