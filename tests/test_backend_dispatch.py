@@ -106,6 +106,26 @@ def test_auto_runs_scatter_for_an_aggr_the_kernels_do_not_compute(aggr, ran):
     assert ran == ['scatter']
 
 
+@pytest.mark.parametrize('backend', ['auto', 'scatter'])
+def test_a_trace_records_scatter(backend, ran):
+    x, edge_index = small_graph()
+    conv = MetricAttentionConv(8, 4, backend=backend)
+    torch.jit.trace(conv, (x, edge_index), check_trace=False)
+    assert ran == ['scatter']
+
+
+def test_auto_runs_scatter_under_torch_compile(ran):
+    """The fused kernels are opaque to torch.compile (Triton would be
+    chosen before, on CUDA only)."""
+    x, edge_index = small_graph()
+    conv = MetricAttentionConv(8, 4)
+    expected = conv(x, edge_index)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(conv, backend='eager')(
+        x, edge_index), expected)
+    assert ran == ['fused', 'scatter']
+
+
 @pytest.mark.parametrize('backend', ['auto', 'scatter', 'fused'])
 @pytest.mark.parametrize('normalization', ['column', 'sinkhorn', 'global'])
 def test_normalizations_other_than_row_are_refused_by_triton_only(
