@@ -44,17 +44,19 @@ class OpCounter(TorchDispatchMode):
 
     def __enter__(self):
         if self._depth == 0:
-            self._kernels = _triton_kernels()
-            for name, kernel in self._kernels.items():
-                self._kernels[name] = _CountedKernel(self, name, kernel)
+            self._tables = _triton_kernel_tables()
+            for table in self._tables:
+                for name, kernel in table.items():
+                    table[name] = _CountedKernel(self, name, kernel)
         self._depth += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
         self._depth -= 1
         if self._depth == 0:
-            for name, kernel in self._kernels.items():
-                self._kernels[name] = kernel.kernel
+            for table in self._tables:
+                for name, kernel in table.items():
+                    table[name] = kernel.kernel
         return super().__exit__(*exc)
 
 
@@ -74,14 +76,20 @@ class _CountedKernel:
         return launch
 
 
-def _triton_kernels() -> dict:
+def _triton_kernel_tables() -> list[dict]:
+    """The tables the launchers read their kernels from (the sparse
+    attention's and the dense augmentation's)."""
     from pyg_metric_attn.nn.triton import HAVE_TRITON, function
-    return function.kernels() if HAVE_TRITON else {}
+    if not HAVE_TRITON:
+        return []
+    from pyg_metric_attn.nn.augmentation.kernels import KERNELS
+    return [function.kernels(), KERNELS]
 
 
 def _custom_op_implementation(name: str):
+    from pyg_metric_attn.nn.augmentation import function as augmentation
     from pyg_metric_attn.nn.triton import function
-    return function.IMPLEMENTATIONS.get(name)
+    return (function.IMPLEMENTATIONS | augmentation.IMPLEMENTATIONS).get(name)
 
 
 def repeated_step_ops(conv: torch.nn.Module, *inputs) -> Counter[str]:

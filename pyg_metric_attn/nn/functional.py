@@ -27,9 +27,10 @@ value width pads nothing and runs the kernel of the value width: on an H100
 (bf16, issue 27) a metric width of 64 (65, padded to 72, ran cuDNN's 128-wide
 kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
 63 1.09-1.89x. :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
-therefore defaults to it. The augmentation (norm, concatenation) stays plain
-tensor ops, which :func:`torch.compile` fuses into its graph with the
-``'fast'`` precision policy. ``'dot'`` is plain SDPA with
+therefore defaults to it. The augmentation (centring, norm, concatenation)
+runs as two Triton kernels on CUDA, one custom operator to
+:func:`torch.compile` (:mod:`~pyg_metric_attn.nn.augmentation`), and as
+plain tensor ops on CPU. ``'dot'`` is plain SDPA with
 ``scale = 1/(sqrt(D) t)``.
 
 Precision. Queries and keys are centred on the mean of the keys of their own
@@ -54,6 +55,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_metric_attn.nn.augmentation import (
+    augmented_queries_and_keys,
+    runs_fused,
+)
 from pyg_metric_attn.nn.logits import (
     attention_logits,
     centred,
@@ -119,11 +124,10 @@ def dense_metric_attention(
     check_metric(metric)
     check_normalization(normalization, sinkhorn_iterations)
     check_precision(precision)
+    augmented = None
     if metric != 'dot':
-        attended = _attended_keys(attn_mask)
-        query, key = centred(query, key, mask=attended)
-        if attended is not None:
-            key = torch.where(attended, key, 0)
+        query, key, augmented = _centred_points(query, key, value,
+                                                _attended_keys(attn_mask))
     exact = precision == 'checked' and not expanded_logits_are_accurate(
         query, key, metric, time_scale)
     if need_weights or exact or normalization != 'row':
@@ -137,7 +141,7 @@ def dense_metric_attention(
                      dropout_p), None
     if _needs_augmented_form(query, key, value, time_scale, is_causal):
         return _augmented_sdpa(query, key, value, time_scale, attn_mask,
-                               is_causal, dropout_p), None
+                               is_causal, dropout_p, augmented), None
     return _key_bias_sdpa(query, key, value, time_scale, attn_mask,
                           dropout_p), None
 
@@ -151,6 +155,25 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
     if allowed.dim() > 1:
         allowed = allowed.any(-2)
     return allowed.unsqueeze(-1)
+
+
+def _centred_points(query: Tensor, key: Tensor, value: Tensor,
+                    attended: Tensor | None
+                    ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """Queries and keys centred (:func:`centred`; keys no query may attend
+    to zeroed) and, where the augmentation runs fused
+    (:func:`~pyg_metric_attn.nn.augmentation.runs_fused`), the augmented
+    ``(q', k')`` it wrote, whose first ``D`` columns are the centred points
+    (else None)."""
+    if runs_fused(query, key):
+        augmented = augmented_queries_and_keys(query, key, attended,
+                                               _augmented_width(query, value))
+        dim = query.size(-1)
+        return augmented[0][..., :dim], augmented[1][..., :dim], augmented
+    query, key = centred(query, key, mask=attended)
+    if attended is not None:
+        key = torch.where(attended, key, 0)
+    return query, key, None
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,
@@ -183,23 +206,33 @@ def _key_bias_sdpa(query: Tensor, key: Tensor, value: Tensor,
 
 def _augmented_sdpa(query: Tensor, key: Tensor, value: Tensor,
                     time_scale: float | Tensor, attn_mask: Tensor | None,
-                    is_causal: bool, dropout_p: float) -> Tensor:
+                    is_causal: bool, dropout_p: float,
+                    augmented: tuple[Tensor, Tensor] | None = None) -> Tensor:
     r"""Plain SDPA on :math:`q' = [q, -\tfrac12]`, :math:`k' = [k,
-    \|k\|^2]` (:func:`_key_norms`) with ``scale = 2/t``; query, key and
-    value are zero-padded to one head width (the fused kernels need equal
-    widths: none is padded where the metric width is one less than the
-    value width, as in
-    :class:`~pyg_metric_attn.nn.dense.multihead.MetricMultiheadAttention`)."""
-    width = max(query.size(-1) + 1, value.size(-1))
-    if query.device.type != 'cpu':
-        width = -(-width // 8) * 8
-    query = torch.cat([query, query.new_full((*query.shape[:-1], 1), -0.5)], -1)
-    key = torch.cat([key, _key_norms(key).to(key.dtype)], -1)
+    \|k\|^2]` (:func:`_key_norms`; or ``augmented``, already written) with
+    ``scale = 2/t``; query, key and value are zero-padded to one head width
+    (:func:`_augmented_width`)."""
+    width = _augmented_width(query, value)
+    if augmented is None:
+        augmented = (
+            torch.cat([query, query.new_full((*query.shape[:-1], 1), -0.5)], -1),
+            torch.cat([key, _key_norms(key).to(key.dtype)], -1))
     padded = [t if t.size(-1) == width else F.pad(t, (0, width - t.size(-1)))
-              for t in (query, key, value)]  # (F.pad would copy even by 0)
+              for t in (*augmented, value)]  # (F.pad would copy even by 0)
     out = _sdpa(*padded, logit_scale('metric', 0, time_scale), attn_mask,
                 is_causal, dropout_p)
     return out[..., :value.size(-1)]
+
+
+def _augmented_width(query: Tensor, value: Tensor) -> int:
+    """The head width of the augmented form: the metric width plus one or
+    the value width, whichever is larger (the fused kernels need equal
+    widths: none is padded where the metric width is one less than the
+    value width, as in
+    :class:`~pyg_metric_attn.nn.dense.multihead.MetricMultiheadAttention`),
+    off CPU rounded up to a multiple of 8."""
+    width = max(query.size(-1) + 1, value.size(-1))
+    return width if query.device.type == 'cpu' else -(-width // 8) * 8
 
 
 def _key_norms(key: Tensor) -> Tensor:

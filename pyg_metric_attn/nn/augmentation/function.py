@@ -80,7 +80,7 @@ def _forward(query: Tensor, key: Tensor, attended: Tensor | None,
     tiles = triton.cdiv(num_keys, rows)
     splits = max(1, min(tiles, MAX_SPLITS, triton.cdiv(TARGET_PROGRAMS, pairs)))
     tiles_per_split = triton.cdiv(tiles, splits)
-    splits = max(1, triton.cdiv(tiles, tiles_per_split))
+    splits = max(1, triton.cdiv(tiles, max(tiles_per_split, 1)))
     summaries = torch.empty(pairs, splits, dim + 3, device=key.device,
                             dtype=torch.float64 if key.dtype == torch.float64
                             else torch.float32)
