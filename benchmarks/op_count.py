@@ -3,13 +3,18 @@
 Counts, with a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, the
 ops one fwd+bwd dispatches after a first one on the same graph (the graph's
 structures then come from the cache), for each backend of
-``MetricAttentionConv`` beside ``GATConv``. No time is measured::
+``MetricAttentionConv`` beside ``GATConv``; with ``--dense``, for
+``dense_metric_attention`` with its augmentation as torch ops and fused
+(issue 27, §4; without CUDA the fused kernels run in Triton's interpreter on
+CPU tensors). No time is measured::
 
     python -m benchmarks.op_count --nodes 2708 --edges 10556
+    python -m benchmarks.op_count --dense
 """
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 
 import torch
@@ -106,17 +111,57 @@ def repeated_step(conv: torch.nn.Module, *inputs) -> OpCounter:
     return counter
 
 
+def dense_rows() -> None:
+    """The table of ``--dense``: batch 2, 4 heads, 64 points, metric width
+    15, value width 16 (the augmented width, as 63 + 1 = 64), a training
+    step with and without a padding mask."""
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device == 'cpu':  # before anything imports triton
+        os.environ.setdefault('TRITON_INTERPRET', '1')
+    from pyg_metric_attn.nn import augmentation
+    from pyg_metric_attn.nn.functional import dense_metric_attention
+
+    torch.manual_seed(0)
+    query, key = (torch.randn(2, 4, 64, 15, device=device, requires_grad=True)
+                  for _ in range(2))
+    value = torch.randn(2, 4, 64, 16, device=device, requires_grad=True)
+    lengths = torch.tensor([64, 40], device=device).view(2, 1, 1, 1)
+    padding = torch.arange(64, device=device) < lengths
+    print('| augmentation | precision | mask | aten ops per fwd+bwd | Triton '
+          'launches | host reads |\n|---|---|---|---|---|---|')
+    fused_devices = augmentation.FUSED_DEVICES
+    for route, devices in (('torch ops', ()), ('fused', (device,))):
+        augmentation.FUSED_DEVICES = devices
+        for precision in ('fast', 'checked'):
+            for mask in (None, padding):
+                counter = repeated_step(
+                    lambda *points, mask=mask, precision=precision:
+                    dense_metric_attention(*points, attn_mask=mask,
+                                           precision=precision)[0],
+                    query, key, value)
+                reads = {op: counter.ops[op] for op in HOST_READS
+                         if counter.ops[op]}
+                print(f'| {route} | {precision} | {mask is not None} | '
+                      f'{sum(counter.ops.values())} | '
+                      f'{sum(counter.launches.values())} | {reads or "-"} |')
+    augmentation.FUSED_DEVICES = fused_devices
+
+
 def main() -> None:
-    from torch_geometric.nn import GATConv
-
-    from pyg_metric_attn import MetricAttentionConv
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--nodes', type=int, default=2708)
     parser.add_argument('--edges', type=int, default=10556)
     parser.add_argument('--metrics', default='metric,l2,dot')
     parser.add_argument('--backends', default='fused,scatter')
+    parser.add_argument('--dense', action='store_true',
+                        help='count dense_metric_attention instead (issue 27)')
     args = parser.parse_args()
+    if args.dense:
+        return dense_rows()
+    from torch_geometric.nn import GATConv
+
+    from pyg_metric_attn import MetricAttentionConv
+
     torch.manual_seed(0)
     x = torch.randn(args.nodes, 64, requires_grad=True)
     edge_index = torch.randint(0, args.nodes, (2, args.edges))

@@ -169,7 +169,7 @@ def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
         shifted = (q.to(ACC) - centre[None, :]).to(key_dtype).to(ACC)
         extra = tl.where(lanes == D, -0.5, 0.0).to(ACC)
         out = tl.where(dmask[None, :], shifted, extra[None, :])
-        tl.store(QA + (bh * LQ + rows.to(tl.int64))[:, None] * W + lanes[None, :],
+        tl.store(QA + (bh.to(tl.int64) * LQ + rows)[:, None] * W + lanes[None, :],
                  out.to(QA.dtype.element_ty),
                  mask=rmask[:, None] & (lanes < W)[None, :])
     else:
@@ -185,7 +185,7 @@ def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
         norm = tl.sum(shifted * shifted, 1) - shift
         out = tl.where(dmask[None, :], shifted,
                        tl.where(lanes[None, :] == D, norm[:, None], 0.0))
-        tl.store(KA + (bh * LK + rows.to(tl.int64))[:, None] * W + lanes[None, :],
+        tl.store(KA + (bh.to(tl.int64) * LK + rows)[:, None] * W + lanes[None, :],
                  out.to(KA.dtype.element_ty),
                  mask=rmask[:, None] & (lanes < W)[None, :])
 
@@ -208,10 +208,11 @@ def augment_backward_kernel(GQA, GKA, KA, ATT, DQ, DK, stride_gqb, stride_gqh,
     if tile < query_tiles:
         rows = tile * BLOCK_L + tl.arange(0, BLOCK_L)
         mask = (rows < LQ)[:, None] & dmask[None, :]
-        grad = tl.load(GQA + _offsets(b, h, rows, lanes, stride_gqb, stride_gqh,
-                                      stride_gql, stride_gqw), mask=mask, other=0.0)
-        tl.store(DQ + (bh * LQ + rows.to(tl.int64))[:, None] * D + lanes[None, :],
-                 grad.to(DQ.dtype.element_ty), mask=mask)
+        grad_query = tl.load(GQA + _offsets(b, h, rows, lanes, stride_gqb,
+                                            stride_gqh, stride_gql, stride_gqw),
+                             mask=mask, other=0.0)
+        tl.store(DQ + (bh.to(tl.int64) * LQ + rows)[:, None] * D + lanes[None, :],
+                 grad_query.to(DQ.dtype.element_ty), mask=mask)
     else:
         rows = (tile - query_tiles) * BLOCK_L + tl.arange(0, BLOCK_L)
         rmask = rows < LK
@@ -220,7 +221,7 @@ def augment_backward_kernel(GQA, GKA, KA, ATT, DQ, DK, stride_gqb, stride_gqh,
                                       stride_gkl, stride_gkw),
                        mask=rmask[:, None] & (lanes <= D)[None, :],
                        other=0.0).to(ACC)
-        row = (bh * LK + rows.to(tl.int64))[:, None]
+        row = (bh.to(tl.int64) * LK + rows)[:, None]
         shifted = tl.load(KA + row * W + lanes[None, :], mask=mask,
                           other=0.0).to(ACC)
         grad_norm = tl.sum(tl.where(lanes[None, :] == D, grad, 0.0), 1)
