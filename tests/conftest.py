@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -94,6 +96,21 @@ def random_graph(num_src: int, num_dst: int, p: float, generator: torch.Generato
     dst, src = mask.nonzero(as_tuple=True)
     order = torch.randperm(src.numel(), generator=generator)
     return torch.stack([src, dst])[:, order]
+
+
+def compile_for_gpu(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``script`` (that compiles Triton kernels for a GPU target) in a
+    fresh interpreter with Triton's interpreter off and this checkout
+    importable; it fails the test where it exits non-zero."""
+    root = Path(__file__).resolve().parents[1]
+    env = {name: value for name, value in os.environ.items()
+           if name != 'TRITON_INTERPRET'}
+    env['PYTHONPATH'] = str(root) + os.pathsep + os.environ.get('PYTHONPATH', '')
+    env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
+    result = subprocess.run([sys.executable, '-c', script, *args],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def shared_dataset(name: str) -> Path:

@@ -7,8 +7,6 @@ monkeypatching ``FUSED_DEVICES``."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,6 +20,8 @@ if not torch.cuda.is_available():  # see conftest.py: also set there, earlier
 
 pytest.importorskip('triton', reason='triton is not installed (pip install '
                     'pyg-metric-attn[gpu])')
+
+from conftest import compile_for_gpu  # noqa: E402
 
 from benchmarks.op_count import OpCounter  # noqa: E402
 from pyg_metric_attn import MetricMultiheadAttention  # noqa: E402
@@ -346,12 +346,4 @@ def test_kernels_compile_for_h100():
     with, compiles to an sm_90 cubin with the real compiler (no GPU needed:
     ptxas ships with triton), not only in the interpreter."""
     pytest.importorskip('triton.backends.compiler')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {name: value for name, value in os.environ.items()
-           if name != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = root + os.pathsep + os.environ.get('PYTHONPATH', '')
-    env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
-    result = subprocess.run([sys.executable, '-c', COMPILE_CHECK],
-                            capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-1] == '9'
+    assert compile_for_gpu(COMPILE_CHECK).stdout.split()[-1] == '9'

@@ -34,6 +34,7 @@ if os.environ.get('TRITON_INTERPRET') == '1' and _version(triton.__version__) < 
                 f'these kernels under numpy {np.__version__} (use triton >= 3.9, '
                 'or a GPU)', allow_module_level=True)
 
+from conftest import compile_for_gpu  # noqa: E402
 from torch_geometric.utils import scatter, softmax  # noqa: E402
 
 from pyg_metric_attn.nn import triton as ta  # noqa: E402
@@ -487,14 +488,7 @@ def test_kernels_compile_for_h100():
     the real compiler, not the interpreter (no GPU needed: ptxas ships with
     triton). Catches code that only the interpreter accepts."""
     pytest.importorskip('triton.backends.compiler')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {key: value for key, value in os.environ.items()
-           if key != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = root + os.pathsep + os.environ.get('PYTHONPATH', '')
-    env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
-    result = subprocess.run([sys.executable, '-c', COMPILE_CHECK, '90', 'bf16'],
-                            capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = compile_for_gpu(COMPILE_CHECK, '90', 'bf16')
     from pyg_metric_attn.nn.triton.kernels import KERNELS
     assert result.stdout.split()[-1] == str(2 * len(KERNELS))
 

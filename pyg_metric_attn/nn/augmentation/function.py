@@ -131,8 +131,8 @@ def _backward_kernel(grad_query_aug: Tensor, grad_key_aug: Tensor, key_aug: Tens
     mask = attended.view(torch.uint8) if attended is not None else key_aug
     _kernels()['augment_backward'][(batch * heads, tiles)](
         grad_query_aug, grad_key_aug, key_aug, mask, grad_query, grad_key,
-        *grad_query_aug.stride(), *grad_key_aug.stride(),
-        *_attended_strides(attended), heads, num_queries, num_keys, dim, width,
+        *grad_query_aug.stride(), *grad_key_aug.stride(), *key_aug.stride(),
+        *_attended_strides(attended), heads, num_queries, num_keys, dim,
         query_tiles, HAS_MASK=attended is not None,
         ACC=_accumulator(key_aug.dtype), BLOCK_L=rows, BLOCK_W=_block(width))
     return grad_query, grad_key

@@ -48,6 +48,33 @@ def _offsets(b, h, rows, lanes, stride_b, stride_h, stride_l, stride_d):
 
 
 @triton.jit
+def _program(H, D, BLOCK: tl.constexpr):
+    """This program's ``(b H + h, tile or split, b, h, lanes, lanes < D)``."""
+    bh = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK)
+    return bh, tl.program_id(1), bh // H, bh % H, lanes, lanes < D
+
+
+@triton.jit
+def _load_rows(X, b, h, rows, lanes, dmask, length, stride_b, stride_h, stride_l,
+               stride_d):
+    """``X[b, h, rows, lanes]`` (0 outside ``rows < length``, ``dmask``) and
+    the rows' mask."""
+    rmask = rows < length
+    return tl.load(X + _offsets(b, h, rows, lanes, stride_b, stride_h, stride_l,
+                                stride_d),
+                   mask=rmask[:, None] & dmask[None, :], other=0.0), rmask
+
+
+@triton.jit
+def _store_rows(OUT, values, bh, rows, rmask, lanes, length, width):
+    """``values`` into ``rows`` of the contiguous ``OUT [B H, length, width]``."""
+    tl.store(OUT + (bh.to(tl.int64) * length + rows)[:, None] * width
+             + lanes[None, :], values.to(OUT.dtype.element_ty),
+             mask=rmask[:, None] & (lanes < width)[None, :])
+
+
+@triton.jit
 def _attended(ATT, b, h, rows, rmask, stride_b, stride_h, stride_l,
               HAS_MASK: tl.constexpr):
     """Whether a query may attend to each key of ``rows`` (all rows in range
@@ -85,22 +112,15 @@ def statistics_kernel(K, ATT, PART, stride_kb, stride_kh, stride_kl, stride_kd,
                       BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     """The summary of split ``s`` of the counted keys of ``(b, h)``:
     ``PART[bh, s] = (n, M_2, max |k|, mean)``."""
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    lanes = tl.arange(0, BLOCK_D)
-    dmask = lanes < D
+    bh, split, b, h, lanes, dmask = _program(H, D, BLOCK_D)
     n = tl.zeros([], ACC)
     mean = tl.zeros([BLOCK_D], ACC)
     m2 = tl.zeros([], ACC)
     largest = tl.zeros([], ACC)
     for tile in range(tiles_per_split):
         rows = (split * tiles_per_split + tile) * BLOCK_L + tl.arange(0, BLOCK_L)
-        rmask = rows < L
-        k = tl.load(K + _offsets(b, h, rows, lanes, stride_kb, stride_kh,
-                                 stride_kl, stride_kd),
-                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        k, rmask = _load_rows(K, b, h, rows, lanes, dmask, L, stride_kb, stride_kh,
+                              stride_kl, stride_kd)
         # A key counts where its coordinate sum is finite in the key dtype.
         total = tl.sum(k.to(ACC), 1).to(K.dtype.element_ty).to(ACC)
         counted = _attended(ATT, b, h, rows, rmask, stride_ab, stride_ah,
@@ -151,86 +171,61 @@ def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
                    BLOCK_L: tl.constexpr, BLOCK_W: tl.constexpr,
                    BLOCK_S: tl.constexpr):
     """One tile of ``q'`` (tiles ``< query_tiles``) or of ``k'``."""
-    bh = tl.program_id(0)
-    tile = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    lanes = tl.arange(0, BLOCK_W)
-    dmask = lanes < D
+    bh, tile, b, h, lanes, dmask = _program(H, D, BLOCK_W)
     key_dtype = K.dtype.element_ty
     centre, shift = _centre(PART, bh, n_splits, D, LK, lanes, tiny, eps, key_dtype,
                             ROUND, ACC, BLOCK_S)
     if tile < query_tiles:
         rows = tile * BLOCK_L + tl.arange(0, BLOCK_L)
-        rmask = rows < LQ
-        q = tl.load(Q + _offsets(b, h, rows, lanes, stride_qb, stride_qh,
-                                 stride_ql, stride_qd),
-                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        q, rmask = _load_rows(Q, b, h, rows, lanes, dmask, LQ, stride_qb, stride_qh,
+                              stride_ql, stride_qd)
         shifted = (q.to(ACC) - centre[None, :]).to(key_dtype).to(ACC)
         extra = tl.where(lanes == D, -0.5, 0.0).to(ACC)
-        out = tl.where(dmask[None, :], shifted, extra[None, :])
-        tl.store(QA + (bh.to(tl.int64) * LQ + rows)[:, None] * W + lanes[None, :],
-                 out.to(QA.dtype.element_ty),
-                 mask=rmask[:, None] & (lanes < W)[None, :])
+        _store_rows(QA, tl.where(dmask[None, :], shifted, extra[None, :]), bh, rows,
+                    rmask, lanes, LQ, W)
     else:
         rows = (tile - query_tiles) * BLOCK_L + tl.arange(0, BLOCK_L)
-        rmask = rows < LK
-        k = tl.load(K + _offsets(b, h, rows, lanes, stride_kb, stride_kh,
-                                 stride_kl, stride_kd),
-                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        k, rmask = _load_rows(K, b, h, rows, lanes, dmask, LK, stride_kb, stride_kh,
+                              stride_kl, stride_kd)
         attended = _attended(ATT, b, h, rows, rmask, stride_ab, stride_ah,
                              stride_al, HAS_MASK)
         shifted = (k.to(ACC) - centre[None, :]).to(key_dtype).to(ACC)
         shifted = tl.where(attended[:, None] & dmask[None, :], shifted, 0.0)
         norm = tl.sum(shifted * shifted, 1) - shift
-        out = tl.where(dmask[None, :], shifted,
-                       tl.where(lanes[None, :] == D, norm[:, None], 0.0))
-        tl.store(KA + (bh.to(tl.int64) * LK + rows)[:, None] * W + lanes[None, :],
-                 out.to(KA.dtype.element_ty),
-                 mask=rmask[:, None] & (lanes < W)[None, :])
+        _store_rows(KA, tl.where(dmask[None, :], shifted,
+                                 tl.where(lanes[None, :] == D, norm[:, None], 0.0)),
+                    bh, rows, rmask, lanes, LK, W)
 
 
 @triton.jit
 def augment_backward_kernel(GQA, GKA, KA, ATT, DQ, DK, stride_gqb, stride_gqh,
                             stride_gql, stride_gqw, stride_gkb, stride_gkh,
-                            stride_gkl, stride_gkw, stride_ab, stride_ah,
-                            stride_al, H, LQ, LK, D, W, query_tiles,
+                            stride_gkl, stride_gkw, stride_kb, stride_kh,
+                            stride_kl, stride_kw, stride_ab, stride_ah,
+                            stride_al, H, LQ, LK, D, query_tiles,
                             HAS_MASK: tl.constexpr, ACC: tl.constexpr,
                             BLOCK_L: tl.constexpr, BLOCK_W: tl.constexpr):
     """One tile of ``dq`` (tiles ``< query_tiles``) or of ``dk``, written
-    contiguous ``[B H, L, D]``; ``k'`` is contiguous ``[B H, L_k, W]``."""
-    bh = tl.program_id(0)
-    tile = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    lanes = tl.arange(0, BLOCK_W)
-    dmask = lanes < D
+    contiguous ``[B H, L, D]``."""
+    bh, tile, b, h, lanes, dmask = _program(H, D, BLOCK_W)
     if tile < query_tiles:
         rows = tile * BLOCK_L + tl.arange(0, BLOCK_L)
-        mask = (rows < LQ)[:, None] & dmask[None, :]
-        grad_query = tl.load(GQA + _offsets(b, h, rows, lanes, stride_gqb,
-                                            stride_gqh, stride_gql, stride_gqw),
-                             mask=mask, other=0.0)
-        tl.store(DQ + (bh.to(tl.int64) * LQ + rows)[:, None] * D + lanes[None, :],
-                 grad_query.to(DQ.dtype.element_ty), mask=mask)
+        grad_query, rmask = _load_rows(GQA, b, h, rows, lanes, dmask, LQ,
+                                       stride_gqb, stride_gqh, stride_gql,
+                                       stride_gqw)
+        _store_rows(DQ, grad_query, bh, rows, rmask, lanes, LQ, D)
     else:
         rows = (tile - query_tiles) * BLOCK_L + tl.arange(0, BLOCK_L)
-        rmask = rows < LK
-        mask = rmask[:, None] & dmask[None, :]
-        grad = tl.load(GKA + _offsets(b, h, rows, lanes, stride_gkb, stride_gkh,
-                                      stride_gkl, stride_gkw),
-                       mask=rmask[:, None] & (lanes <= D)[None, :],
-                       other=0.0).to(ACC)
-        row = (bh.to(tl.int64) * LK + rows)[:, None]
-        shifted = tl.load(KA + row * W + lanes[None, :], mask=mask,
-                          other=0.0).to(ACC)
-        grad_norm = tl.sum(tl.where(lanes[None, :] == D, grad, 0.0), 1)
-        grad = grad + 2.0 * shifted * grad_norm[:, None]
+        grad, rmask = _load_rows(GKA, b, h, rows, lanes, lanes <= D, LK, stride_gkb,
+                                 stride_gkh, stride_gkl, stride_gkw)
+        shifted, _ = _load_rows(KA, b, h, rows, lanes, dmask, LK, stride_kb,
+                                stride_kh, stride_kl, stride_kw)
+        grad_norm = tl.sum(tl.where(lanes[None, :] == D, grad.to(ACC), 0.0), 1)
+        grad = grad.to(ACC) + 2.0 * shifted.to(ACC) * grad_norm[:, None]
         attended = _attended(ATT, b, h, rows, rmask, stride_ab, stride_ah,
                              stride_al, HAS_MASK)
-        grad = tl.where(attended[:, None], grad, 0.0)
-        tl.store(DK + row * D + lanes[None, :], grad.to(DK.dtype.element_ty),
-                 mask=mask)
+        _store_rows(DK, tl.where(attended[:, None], grad, 0.0), bh, rows, rmask,
+                    lanes, LK, D)
 
 
 #: Every kernel, by name (the launcher reads them here: a launch counter may
