@@ -28,9 +28,9 @@ value width pads nothing and runs the kernel of the value width: on an H100
 kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
 63 1.09-1.89x. :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
 therefore defaults to it. The augmentation (centring, norm, concatenation)
-runs as two Triton kernels on CUDA, one custom operator to
-:func:`torch.compile` (:mod:`~pyg_metric_attn.nn.augmentation`), and as
-plain tensor ops on CPU. ``'dot'`` is plain SDPA with
+runs in Triton on CUDA (two launches forward, one backward; one custom
+operator to :func:`torch.compile`: :mod:`~pyg_metric_attn.nn.augmentation`)
+and as plain tensor ops on CPU. ``'dot'`` is plain SDPA with
 ``scale = 1/(sqrt(D) t)``.
 
 Precision. Queries and keys are centred on the mean of the keys of their own

@@ -14,13 +14,22 @@ keys that some query may attend to, :math:`a_j = 1`; 16-bit dtypes round
 it to a grid), :math:`a_j = 0` for a key no query may attend to, and
 :math:`\sigma` the mean of the key terms (a constant along every softmax
 row: it only makes the terms smaller, so that they round less). Written as
-torch ops that is some twenty kernels per call (reductions, ``isfinite``,
-``where``, ``cat``, ``pad``), whose launches dominate short sequences on a
-GPU; :func:`augmented_queries_and_keys` writes :math:`q'` and :math:`k'` in
-two kernel launches and differentiates in one (:mod:`.kernels`), as one
-custom operator to :func:`torch.compile` (:mod:`.function`). Gradients, as
+torch ops that is some thirty kernels per forward and backward (reductions,
+``isfinite``, ``where``, ``cat``, ``pad``), whose launches dominate short
+sequences on a GPU; :func:`augmented_queries_and_keys` writes :math:`q'`
+and :math:`k'` in two kernel launches and differentiates in one
+(:mod:`.kernels`), as one custom operator to :func:`torch.compile`
+(:mod:`.function`). Gradients, as
 of the torch ops: :math:`dq = dq'_{:D}`, :math:`dk = a (dk'_{:D} + 2
 \tilde k\, dk'_D)`; :math:`c` and :math:`\sigma` are constants.
+
+The values are those of the torch ops to rounding: the centre is the mean
+summed in float32 (float64) and rounded once, where the torch ops sum terms
+rounded to the key dtype, so a 16-bit centre may lie one grid step from
+theirs (a translation of every point of the softmax: no distance changes);
+:math:`\sigma` comes from the keys' summaries (:mod:`.kernels`) instead of
+the rounded centred keys, and is 0 where it would overflow (the torch ops
+leave overflowing key terms out): a constant along every row either way.
 
 It runs on CUDA tensors (:func:`runs_fused` says where
 :mod:`~pyg_metric_attn.nn.functional` takes it); CPU tensors run the torch
