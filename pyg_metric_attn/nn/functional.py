@@ -54,12 +54,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_metric_attn.nn.exact_attention import exact_attention_where
 from pyg_metric_attn.nn.logits import (
     attention_logits,
     centred,
     check_precision,
-    expanded_logits_are_accurate,
     logit_scale,
+    needs_exact,
+    slice_time_scale,
 )
 from pyg_metric_attn.nn.normalization import (
     check_normalization,
@@ -124,22 +126,47 @@ def dense_metric_attention(
         query, key = centred(query, key, mask=attended)
         if attended is not None:
             key = torch.where(attended, key, 0)
-    exact = precision == 'checked' and not expanded_logits_are_accurate(
-        query, key, metric, time_scale)
-    if need_weights or exact or normalization != 'row':
+    checked = precision == 'checked'
+    if need_weights or normalization != 'row':
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
-                                           attn_mask, is_causal, dropout_p, exact,
+                                           attn_mask, is_causal, dropout_p, checked,
                                            normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
+    exact = needs_exact(query, key, metric, time_scale) if checked else None
+    fused_query, fused_key = _fused_points(exact, query, key, value, time_scale)
     if metric == 'dot':
         scale = logit_scale(metric, query.size(-1), time_scale)
-        return _sdpa(query, key, value, scale, attn_mask, is_causal,
-                     dropout_p), None
-    if _needs_augmented_form(query, key, value, time_scale, is_causal):
-        return _augmented_sdpa(query, key, value, time_scale, attn_mask,
-                               is_causal, dropout_p), None
-    return _key_bias_sdpa(query, key, value, time_scale, attn_mask,
-                          dropout_p), None
+        out = _sdpa(fused_query, fused_key, value, scale, attn_mask, is_causal,
+                    dropout_p)
+    elif _needs_augmented_form(fused_query, fused_key, value, time_scale,
+                               is_causal):
+        out = _augmented_sdpa(fused_query, fused_key, value, time_scale,
+                              attn_mask, is_causal, dropout_p)
+    else:
+        out = _key_bias_sdpa(fused_query, fused_key, value, time_scale,
+                             attn_mask, dropout_p)
+    if exact is not None:
+        out = exact_attention_where(
+            exact, query, key, value, slice_time_scale(time_scale, query.device),
+            attn_mask, is_causal, dropout_p, out, metric)
+    return out, None
+
+
+def _fused_points(exact: Tensor | None, query: Tensor, key: Tensor,
+                  value: Tensor, time_scale: float | Tensor
+                  ) -> tuple[Tensor, Tensor]:
+    """Query and key for the fused path: with a gradient to compute, zero in
+    the softmaxes the exact path takes over (their fused output is replaced
+    and gets no gradient, but its backward must stay finite: a huge or
+    infinite point would make it NaN, and NaN times a zero gradient is
+    NaN)."""
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad
+        for t in (query, key, value, time_scale))
+    if exact is None or not needs_grad:
+        return query, key
+    flagged = exact.view(*exact.shape, 1, 1)
+    return torch.where(flagged, 0, query), torch.where(flagged, 0, key)
 
 
 def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
