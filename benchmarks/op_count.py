@@ -45,16 +45,18 @@ class OpCounter(TorchDispatchMode):
     def __enter__(self):
         if self._depth == 0:
             self._kernels = _triton_kernels()
-            for name, kernel in self._kernels.items():
-                self._kernels[name] = _CountedKernel(self, name, kernel)
+            for table in self._kernels:
+                for name, kernel in table.items():
+                    table[name] = _CountedKernel(self, name, kernel)
         self._depth += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
         self._depth -= 1
         if self._depth == 0:
-            for name, kernel in self._kernels.items():
-                self._kernels[name] = kernel.kernel
+            for table in self._kernels:
+                for name, kernel in table.items():
+                    table[name] = kernel.kernel
         return super().__exit__(*exc)
 
 
@@ -74,9 +76,11 @@ class _CountedKernel:
         return launch
 
 
-def _triton_kernels() -> dict:
-    from pyg_metric_attn.nn.triton import HAVE_TRITON, function
-    return function.kernels() if HAVE_TRITON else {}
+def _triton_kernels() -> list[dict]:
+    """The tables every launch looks its kernel up in (sparse attention's
+    and the exact dense correction's)."""
+    from pyg_metric_attn.nn.triton import HAVE_TRITON, exact, function
+    return [function.kernels(), exact.kernels()] if HAVE_TRITON else []
 
 
 def _custom_op_implementation(name: str):
