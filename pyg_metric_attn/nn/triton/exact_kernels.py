@@ -77,7 +77,8 @@ def _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn, skd, smm, smn,
 
 @triton.jit
 def _root(D):
-    """:math:`\\sqrt{D}` in float64 (``D`` may arrive as a constant)."""
+    """:math:`\\sqrt{D}` in float64 (``D`` may arrive as a constant, or a
+    Python number in the interpreter)."""
     return tl.sqrt(tl.zeros((), tl.float64) + D)
 
 
@@ -87,7 +88,7 @@ def _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT: tl.constexpr):
     if DROPOUT:
         seed = tl.load(SEED).to(tl.int32)
         off = (n * Lq + offs_m.to(tl.int64))[:, None] * Lk + offs_n[None, :]
-        p = p_drop.to(tl.float64)
+        p = tl.zeros((), tl.float64) + p_drop
         return tl.where(tl.rand(seed, off) >= p_drop, 1.0 / (1.0 - p), 0.0)
     else:
         return 1.0
