@@ -103,7 +103,7 @@ exact_where = torch.library.custom_op('pyg_metric_attn::exact_attention_where',
 @exact_where.register_fake
 def _(needs_exact, query, key, value, time_scale, attn_mask, seed, fused_out,
       metric, is_causal, dropout_p):
-    return (torch.empty_like(fused_out),
+    return (fused_out.new_empty(fused_out.shape),
             fused_out.new_empty((*fused_out.shape[:-1], 2), dtype=torch.float64))
 
 
@@ -114,7 +114,7 @@ def _triton_backward(grad_out: Tensor, needs_exact: Tensor, query: Tensor,
                      need: list[bool]) -> tuple[Tensor, Tensor, Tensor, Tensor,
                                                 Tensor]:
     """``(dq, dk, dv, dt, dmask)`` of the flagged softmaxes (zero
-    elsewhere), each summed to its input's shape; one not in ``need``
+    elsewhere), each summed to its input's shape (contiguous); one not in ``need``
     (query, key, value, time scale, mask) comes back empty."""
     from pyg_metric_attn.nn.triton.exact import exact_backward
     return exact_backward(grad_out, needs_exact, query, key, value, time_scale,
@@ -130,7 +130,7 @@ exact_where_backward = torch.library.custom_op(
 @exact_where_backward.register_fake
 def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed,
       stats, metric, is_causal, dropout_p, need):
-    return tuple(torch.empty_like(x) if wanted else query.new_empty(0)
+    return tuple(x.new_empty(x.shape) if wanted else query.new_empty(0)
                  for x, wanted in zip((query, key, value, time_scale, attn_mask),
                                       need, strict=True))
 
@@ -140,7 +140,7 @@ def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed,
 @exact_where.register_kernel('cpu')
 def _(needs_exact, query, key, value, time_scale, attn_mask, seed, fused_out,
       metric, is_causal, dropout_p):
-    out = fused_out.clone()
+    out = fused_out.clone(memory_format=torch.contiguous_format)
     stats = fused_out.new_empty((*fused_out.shape[:-1], 2),
                                 dtype=torch.float64)
     if not needs_exact.any():  # a CPU tensor: no device to wait for
@@ -159,7 +159,7 @@ def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed, sta
       metric, is_causal, dropout_p, need):
     inputs = (query, key, value, time_scale, attn_mask)
     if not needs_exact.any():
-        return tuple(torch.zeros_like(x) if wanted else query.new_empty(0)
+        return tuple(x.new_zeros(x.shape) if wanted else query.new_empty(0)
                      for x, wanted in zip(inputs, need, strict=True))
     flagged = _Flagged(needs_exact, *inputs)
     logits, unmasked = flagged.logits(metric, is_causal)
