@@ -28,18 +28,19 @@ value width pads nothing and runs the kernel of the value width: on an H100
 kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
 63 1.09-1.89x. :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
 therefore defaults to it. The augmentation (norm, concatenation) stays plain
-tensor ops, which :func:`torch.compile` fuses into its graph with the
-``'fast'`` precision policy. ``'dot'`` is plain SDPA with
-``scale = 1/(sqrt(D) t)``.
+tensor ops, which :func:`torch.compile` fuses into its graph. ``'dot'`` is
+plain SDPA with ``scale = 1/(sqrt(D) t)``.
 
 Precision. Queries and keys are centred on the mean of the keys of their own
 softmax (each batch element and head, counting only keys that some query
 may attend to and that are finite); keys no query may attend to are
 zeroed. Whether the expanded form is then accurate enough, and what runs
 where it is not, is the policy ``precision`` of
-:mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (one host read per call,
-the exact path of explicit float64 logits where needed) or ``'fast'`` (no
-check, no synchronisation, one graph under :func:`torch.compile`).
+:mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (decided per softmax on the
+device; the fused path, then
+:func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where` makes the
+flagged softmaxes exact) or ``'fast'`` (no check, no correction). Neither
+synchronises, and both compile as one graph under :func:`torch.compile`.
 
 Denormals. The very negative distance logits make the softmax produce
 denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
@@ -108,10 +109,11 @@ def dense_metric_attention(
             (:math:`O(L_q L_k)` memory) and leave masked entries out of
             every normalisation.
         sinkhorn_iterations (int): Column-then-row steps of ``'sinkhorn'``.
-        precision (str): ``'checked'`` (an exact path where the fused logits
-            would round by more than the tolerance; one host read per call)
-            or ``'fast'`` (no check: no synchronisation, one graph under
-            :func:`torch.compile`); see :mod:`~pyg_metric_attn.nn.logits`.
+        precision (str): ``'checked'`` (exact float64 attention in each
+            softmax whose fused logits would round by more than the
+            tolerance, decided on the device; explicit paths in float64)
+            or ``'fast'`` (no check, explicit paths in float32); neither
+            synchronises. See :mod:`~pyg_metric_attn.nn.logits`.
 
     Returns:
         ``(output [..., L_q, C], weights or None)``. A query row that may

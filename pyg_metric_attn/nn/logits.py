@@ -33,22 +33,34 @@ overflows (or when a point is infinite). :func:`rounding_error` estimates it
 on the device; the policy ``precision`` decides what happens above
 :data:`LOGIT_ROUNDING_TOLERANCE` (``1e-3``):
 
-* ``'checked'`` (the default): :func:`expanded_logits_are_accurate` reads the
-  estimate back to the host, and above the tolerance the call takes an exact
-  path (dense: explicit float64 logits from direct differences,
-  :math:`O(L_q L_k)` memory; sparse: see
-  :mod:`~pyg_metric_attn.nn.sparse_attention`),
-  which is finite for all finite inputs. The read is one host
-  synchronisation per call and, under :func:`torch.compile`, one graph break
-  (``fullgraph=True`` rejects it).
-* ``'fast'`` (dense path only): no check, no synchronisation, one graph:
-  the centred expanded form always runs. Its results match the checked ones
-  wherever the estimate is within the tolerance (e.g. unit-scale embeddings
-  at :math:`t \ge 1`); beyond it the logits carry the rounding above, and
-  points that overflow the expanded form give non-finite outputs within
-  their own softmax. A data-dependent exact fallback cannot be chosen
-  without the host reading the estimate (or computing both paths), so the
-  sync-free policy is a choice the caller makes.
+* ``'checked'`` (the default), dense path: :func:`needs_exact` makes the
+  decision per softmax (batch element and head) as a boolean tensor on the
+  device. The fused expanded form always runs (with the flagged softmaxes'
+  points zeroed when a gradient is needed, so that its backward stays
+  finite), then :func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where`
+  replaces the flagged softmaxes by attention computed in float64 from the
+  direct differences, and their gradients likewise; one bad softmax costs
+  the others nothing. Nothing is read back to the host, and
+  :func:`torch.compile` compiles it as one graph (``fullgraph=True``). The
+  result is finite for all finite inputs. Explicit paths
+  (``need_weights``, normalisations other than ``'row'``) compute in
+  float64 throughout (no decision needed).
+* ``'checked'``, sparse path (:mod:`~pyg_metric_attn.nn.sparse_attention`):
+  :func:`expanded_logits_are_accurate` reads the estimate over all points
+  back to the host, one synchronisation per call and, under
+  :func:`torch.compile`, one graph break; above the tolerance the call
+  takes its exact path.
+* ``'fast'`` (dense path only): no estimate and no correction: the centred
+  expanded form alone, and the explicit paths in float32. It saves the
+  estimate, the zeroing and the correction operator (on CPU a repeated
+  training step of :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
+  dispatches 150 instead of 194 aten ops, an inference call 64 instead of
+  88: each a kernel launch on a GPU unless compiled; on a GPU the
+  correction's programs also each load a flag and exit). Its results match
+  the checked ones wherever the estimate is within the tolerance (e.g.
+  unit-scale embeddings at :math:`t \ge 1`); beyond it the logits carry the
+  rounding above, and points that overflow the expanded form give
+  non-finite outputs within their own softmax.
 """
 from __future__ import annotations
 
