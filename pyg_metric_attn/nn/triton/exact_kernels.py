@@ -127,6 +127,41 @@ def _store_tile(X, value, offs, L, W, sl, sw, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
+def _softmax_flag(FLAGS, sf0, sf1):
+    """This program's softmax ``(n0, n1)`` and its flag (0: not flagged)."""
+    n1 = tl.program_id(1).to(tl.int64)
+    n0 = tl.program_id(2).to(tl.int64)
+    return n0, n1, tl.load(FLAGS + n0 * sf0 + n1 * sf1)
+
+
+@triton.jit
+def _softmax_inputs(TS, Q, K, V, MASK, n0, n1, N1, st0, st1, sq0, sq1, sk0, sk1,
+                    sv0, sv1, sm0, sm1):
+    """The softmax's flat index, time scale and input pointers."""
+    return (n0 * N1 + n1, tl.load(TS + n0 * st0 + n1 * st1), Q + n0 * sq0 + n1 * sq1,
+            K + n0 * sk0 + n1 * sk1, V + n0 * sv0 + n1 * sv1,
+            MASK + n0 * sm0 + n1 * sm1)
+
+
+@triton.jit
+def _recompute(Q, K, V, MASK, SEED, STATS, dout, n, offs_m, offs_n, Lq, Lk, D, C,
+               sqm, sqd, skn, skd, svn, svc, smm, smn, t, p_drop,
+               DOT: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr,
+               CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Backward's tile ``(f, p, z, dp)``: the unmasked logits, the weights
+    from the saved row state, the dropout scale and :math:`dp = z\\,
+    \\mathrm{dout} \\cdot v`."""
+    f, s, _ = _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn, skd,
+                      smm, smn, t, DOT, HAS_MASK, MASK_BOOL, CAUSAL, BLOCK_M,
+                      BLOCK_N)
+    p = _probabilities(STATS, n, offs_m, Lq, s)
+    z = _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
+    v = _tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)
+    return f, p, z, tl.dot(dout, tl.trans(v)) * z
+
+
+@triton.jit
 def exact_forward_kernel(
         FLAGS, TS, Q, K, V, MASK, SEED, OUT, STATS, Lq, Lk, D, C, N1,
         sf0, sf1, st0, st1, sq0, sq1, sqm, sqd, sk0, sk1, skn, skd,
@@ -134,16 +169,11 @@ def exact_forward_kernel(
         DOT: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr,
         CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-    n1 = tl.program_id(1).to(tl.int64)
-    n0 = tl.program_id(2).to(tl.int64)
-    if tl.load(FLAGS + n0 * sf0 + n1 * sf1) == 0:
+    n0, n1, flag = _softmax_flag(FLAGS, sf0, sf1)
+    if flag == 0:
         return
-    n = n0 * N1 + n1
-    t = tl.load(TS + n0 * st0 + n1 * st1)
-    Q += n0 * sq0 + n1 * sq1
-    K += n0 * sk0 + n1 * sk1
-    V += n0 * sv0 + n1 * sv1
-    MASK += n0 * sm0 + n1 * sm1
+    n, t, Q, K, V, MASK = _softmax_inputs(TS, Q, K, V, MASK, n0, n1, N1, st0, st1,
+                                          sq0, sq1, sk0, sk1, sv0, sv1, sm0, sm1)
     block = tl.program_id(0)
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
     m_i = tl.full((BLOCK_M,), float('-inf'), tl.float64)
@@ -186,16 +216,11 @@ def exact_backward_rows_kernel(
         CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, NEED_DQ: tl.constexpr,
         NEED_DT: tl.constexpr, NEED_DMASK: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
-    n1 = tl.program_id(1).to(tl.int64)
-    n0 = tl.program_id(2).to(tl.int64)
-    if tl.load(FLAGS + n0 * sf0 + n1 * sf1) == 0:
+    n0, n1, flag = _softmax_flag(FLAGS, sf0, sf1)
+    if flag == 0:
         return
-    n = n0 * N1 + n1
-    t = tl.load(TS + n0 * st0 + n1 * st1)
-    Q += n0 * sq0 + n1 * sq1
-    K += n0 * sk0 + n1 * sk1
-    V += n0 * sv0 + n1 * sv1
-    MASK += n0 * sm0 + n1 * sm1
+    n, t, Q, K, V, MASK = _softmax_inputs(TS, Q, K, V, MASK, n0, n1, N1, st0, st1,
+                                          sq0, sq1, sk0, sk1, sv0, sv1, sm0, sm1)
     DO += n0 * sd0 + n1 * sd1
     block = tl.program_id(0)
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -206,12 +231,10 @@ def exact_backward_rows_kernel(
     delta = tl.zeros((BLOCK_M,), tl.float64)
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        _, s, _ = _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn,
-                          skd, smm, smn, t, DOT, HAS_MASK, MASK_BOOL, CAUSAL,
-                          BLOCK_M, BLOCK_N)
-        p = _probabilities(STATS, n, offs_m, Lq, s)
-        dp = tl.dot(dout, tl.trans(_tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)))
-        dp = dp * _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
+        _, p, _, dp = _recompute(Q, K, V, MASK, SEED, STATS, dout, n, offs_m,
+                                 offs_n, Lq, Lk, D, C, sqm, sqd, skn, skd, svn, svc,
+                                 smm, smn, t, p_drop, DOT, HAS_MASK, MASK_BOOL,
+                                 CAUSAL, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_C)
         delta += tl.sum(p * dp, 1)
     tl.store(DELTA + n * Lq + offs_m, delta, mask=offs_m < Lq)
     if NEED_DQ or NEED_DT or NEED_DMASK:
@@ -220,12 +243,11 @@ def exact_backward_rows_kernel(
         dt = tl.zeros((BLOCK_M,), tl.float64)
         for start in range(0, end, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            f, s, valid = _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd,
-                                  skn, skd, smm, smn, t, DOT, HAS_MASK, MASK_BOOL,
-                                  CAUSAL, BLOCK_M, BLOCK_N)
-            p = _probabilities(STATS, n, offs_m, Lq, s)
-            dp = tl.dot(dout, tl.trans(_tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)))
-            dp = dp * _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
+            f, p, _, dp = _recompute(Q, K, V, MASK, SEED, STATS, dout, n, offs_m,
+                                     offs_n, Lq, Lk, D, C, sqm, sqd, skn, skd, svn,
+                                     svc, smm, smn, t, p_drop, DOT, HAS_MASK,
+                                     MASK_BOOL, CAUSAL, DROPOUT, BLOCK_M, BLOCK_N,
+                                     BLOCK_C)
             ds = p * (dp - delta[:, None])
             if NEED_DQ:
                 dq += tl.dot(ds, _tile(K, offs_n, Lk, D, skn, skd, BLOCK_D))
@@ -258,20 +280,14 @@ def exact_backward_columns_kernel(
         CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, NEED_DK: tl.constexpr,
         NEED_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
-    n1 = tl.program_id(1).to(tl.int64)
-    n0 = tl.program_id(2).to(tl.int64)
-    if tl.load(FLAGS + n0 * sf0 + n1 * sf1) == 0:
+    n0, n1, flag = _softmax_flag(FLAGS, sf0, sf1)
+    if flag == 0:
         return
-    n = n0 * N1 + n1
-    t = tl.load(TS + n0 * st0 + n1 * st1)
-    Q += n0 * sq0 + n1 * sq1
-    K += n0 * sk0 + n1 * sk1
-    V += n0 * sv0 + n1 * sv1
-    MASK += n0 * sm0 + n1 * sm1
+    n, t, Q, K, V, MASK = _softmax_inputs(TS, Q, K, V, MASK, n0, n1, N1, st0, st1,
+                                          sq0, sq1, sk0, sk1, sv0, sv1, sm0, sm1)
     DO += n0 * sd0 + n1 * sd1
     block = tl.program_id(0)
     offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    v = _tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float64)
     column_sum = tl.zeros((BLOCK_N,), tl.float64)
     dv = tl.zeros((BLOCK_N, BLOCK_C), tl.float64)
@@ -280,17 +296,16 @@ def exact_backward_columns_kernel(
         first = (block * BLOCK_N) // BLOCK_M * BLOCK_M
     for start in range(first, Lq, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
-        _, s, _ = _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn,
-                          skd, smm, smn, t, DOT, HAS_MASK, MASK_BOOL, CAUSAL,
-                          BLOCK_M, BLOCK_N)
-        p = _probabilities(STATS, n, offs_m, Lq, s)
-        z = _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
         dout = _tile(DO, offs_m, Lq, C, sdm, sdc, BLOCK_C)
+        _, p, z, dp = _recompute(Q, K, V, MASK, SEED, STATS, dout, n, offs_m, offs_n,
+                                 Lq, Lk, D, C, sqm, sqd, skn, skd, svn, svc, smm,
+                                 smn, t, p_drop, DOT, HAS_MASK, MASK_BOOL, CAUSAL,
+                                 DROPOUT, BLOCK_M, BLOCK_N, BLOCK_C)
         if NEED_DV:
             dv += tl.dot(tl.trans(p * z), dout)
         if NEED_DK:
             delta = tl.load(DELTA + n * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-            ds = p * (tl.dot(dout, tl.trans(v)) * z - delta[:, None])
+            ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds), _tile(Q, offs_m, Lq, D, sqm, sqd, BLOCK_D))
             column_sum += tl.sum(ds, 0)
     if NEED_DK:
