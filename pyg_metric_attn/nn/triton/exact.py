@@ -6,10 +6,12 @@ their autograd).
 The inputs are brought to two leading dimensions without copying (a
 broadcast dimension keeps stride 0; more than two leading dimensions are
 flattened, which copies only where their strides do not merge). Launch
-parameters: ``BLOCK_M = BLOCK_N = 16`` (float64 tiles: few registers per
-element to spare), ``BLOCK_D``, ``BLOCK_C`` the metric and value widths
-rounded up to a power of two (>= 16; masked), 4 warps; untuned on a GPU.
-Grid ``(ceil(L / 16), N1, N0)``: each leading dimension holds at most 65535
+parameters: ``BLOCK_M = 16`` queries per row program, ``BLOCK_N = 8`` keys
+per column program and per inner step, ``BLOCK_D``, ``BLOCK_C`` the metric
+and value widths rounded up to a power of two (>= 16; masked), 4 warps:
+float64 products are broadcast ``[BLOCK_M, BLOCK_N, BLOCK_C]`` tiles (no
+float64 ``tl.dot``), so the blocks stay small; untuned on a GPU. Grid
+``(ceil(L / block), N1, N0)``: each leading dimension holds at most 65535
 softmaxes on CUDA. Every launch reads nothing back to the host. CPU tensors
 run in Triton's interpreter (``TRITON_INTERPRET=1``), for tests.
 """
@@ -18,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-BLOCK = 16
+BLOCK_M = 16  # queries per program (forward, backward rows)
+BLOCK_N = 8  # keys per program (backward columns) and per inner step
 NUM_WARPS = 4
 
 #: The jit kernels, imported on first use (the import reads TRITON_INTERPRET).
@@ -101,11 +104,11 @@ class _Launch:
                 *_strides(self.query), *_strides(self.key),
                 *_strides(self.value), *mask_strides)
 
-    def grid(self, length: int) -> tuple[int, int, int]:
-        return (-(-length // BLOCK), self.n1, self.n0)
+    def grid(self, length: int, block: int) -> tuple[int, int, int]:
+        return (-(-length // block), self.n1, self.n0)
 
     def blocks(self) -> dict:
-        return dict(BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_C=_width(self.channels),
+        return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_C=_width(self.channels),
                     num_warps=NUM_WARPS)
 
     def sizes(self) -> tuple[int, ...]:
@@ -126,7 +129,7 @@ def exact_forward(needs_exact: Tensor, query: Tensor, key: Tensor, value: Tensor
     if out.numel() == 0 or launch.num_queries == 0:
         return out, stats
     out4 = _two_leading(out, launch.batch, launch.num_queries, launch.channels)
-    kernels()['exact_forward'][launch.grid(launch.num_queries)](
+    kernels()['exact_forward'][launch.grid(launch.num_queries, BLOCK_M)](
         *launch.pointers(), out4, stats, *launch.sizes(), *launch.input_strides(),
         *_strides(out4), dropout_p, **launch.flags_kw, **launch.blocks())
     return out, stats
@@ -151,7 +154,7 @@ def exact_backward(grad_out: Tensor, needs_exact: Tensor, query: Tensor,
             return query.new_empty(0)
         return torch.zeros(shape, dtype=dtype or like.dtype, device=device)
 
-    n_blocks = -(-lq // BLOCK)
+    n_blocks = -(-lq // BLOCK_M)
     dq = zeros((*batch, lq, launch.dim), query, need_q)
     dk = zeros((*batch, lk, launch.dim), key, need_k)
     dv = zeros((*batch, lk, launch.channels), value, need_v)
@@ -163,7 +166,7 @@ def exact_backward(grad_out: Tensor, needs_exact: Tensor, query: Tensor,
         dq4 = _two_leading(dq, batch, lq, launch.dim) if need_q else dout
         kern = kernels()
         blocks = dict(**launch.blocks(), BLOCK_D=_width(launch.dim))
-        kern['exact_backward_rows'][launch.grid(lq)](
+        kern['exact_backward_rows'][launch.grid(lq, BLOCK_M)](
             *launch.pointers(), dout, stats, delta, dq4,
             dmask if need_mask else delta, dt if need_t else delta,
             *launch.sizes(), n_blocks, *launch.input_strides(), *_strides(dout),
@@ -172,7 +175,7 @@ def exact_backward(grad_out: Tensor, needs_exact: Tensor, query: Tensor,
         if need_k or need_v:
             dk4 = _two_leading(dk, batch, lk, launch.dim) if need_k else dout
             dv4 = _two_leading(dv, batch, lk, launch.channels) if need_v else dout
-            kern['exact_backward_columns'][launch.grid(lk)](
+            kern['exact_backward_columns'][launch.grid(lk, BLOCK_N)](
                 *launch.pointers(), dout, stats, delta, dk4, dv4,
                 *launch.sizes(), *launch.input_strides(), *_strides(dout),
                 *_strides(dk4), *_strides(dv4), dropout_p, NEED_DK=need_k,

@@ -127,6 +127,25 @@ def _store_tile(X, value, offs, L, W, sl, sw, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
+def _matmul(a, b):
+    """``a @ b`` in float64 as a broadcast product and a sum: ``tl.dot``
+    takes no float64 operands in the Triton versions this package supports."""
+    return tl.sum(a[:, :, None] * b[None, :, :], 1)
+
+
+@triton.jit
+def _matmul_nt(a, b):
+    """``a @ b.T`` (see :func:`_matmul`)."""
+    return tl.sum(a[:, None, :] * b[None, :, :], 2)
+
+
+@triton.jit
+def _matmul_tn(a, b):
+    """``a.T @ b`` (see :func:`_matmul`)."""
+    return tl.sum(a[:, :, None] * b[:, None, :], 0)
+
+
+@triton.jit
 def _softmax_flag(FLAGS, sf0, sf1):
     """This program's softmax ``(n0, n1)`` and its flag (0: not flagged)."""
     n1 = tl.program_id(1).to(tl.int64)
@@ -158,7 +177,7 @@ def _recompute(Q, K, V, MASK, SEED, STATS, dout, n, offs_m, offs_n, Lq, Lk, D, C
     p = _probabilities(STATS, n, offs_m, Lq, s)
     z = _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
     v = _tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)
-    return f, p, z, tl.dot(dout, tl.trans(v)) * z
+    return f, p, z, _matmul_nt(dout, v) * z
 
 
 @triton.jit
@@ -194,7 +213,7 @@ def exact_forward_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p * _keep_scale(SEED, n, offs_m, offs_n, Lq, Lk, p_drop, DROPOUT)
         v = _tile(V, offs_n, Lk, C, svn, svc, BLOCK_C)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + _matmul(p, v)
         m_i = m_new
     m_in = offs_m < Lq
     l_i = tl.where(m_in, l_i, 1.0)  # rows past the end: no 0 / 0
@@ -250,7 +269,7 @@ def exact_backward_rows_kernel(
                                      BLOCK_C)
             ds = p * (dp - delta[:, None])
             if NEED_DQ:
-                dq += tl.dot(ds, _tile(K, offs_n, Lk, D, skn, skd, BLOCK_D))
+                dq += _matmul(ds, _tile(K, offs_n, Lk, D, skn, skd, BLOCK_D))
                 row_sum += tl.sum(ds, 1)
             if NEED_DT:
                 dt += tl.sum(tl.where(p > 0, ds * f, 0.0), 1)
@@ -302,11 +321,11 @@ def exact_backward_columns_kernel(
                                  smn, t, p_drop, DOT, HAS_MASK, MASK_BOOL, CAUSAL,
                                  DROPOUT, BLOCK_M, BLOCK_N, BLOCK_C)
         if NEED_DV:
-            dv += tl.dot(tl.trans(p * z), dout)
+            dv += _matmul_tn(p * z, dout)
         if NEED_DK:
             delta = tl.load(DELTA + n * Lq + offs_m, mask=offs_m < Lq, other=0.0)
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds), _tile(Q, offs_m, Lq, D, sqm, sqd, BLOCK_D))
+            dk += _matmul_tn(ds, _tile(Q, offs_m, Lq, D, sqm, sqd, BLOCK_D))
             column_sum += tl.sum(ds, 0)
     if NEED_DK:
         if DOT:
