@@ -189,3 +189,26 @@ def test_the_kernels_read_nothing_back():
                  'metric', True, 0.1, [True] * 5)
     assert sum(counter.ops[op] for op in HOST_READS) == 0
     assert sum(counter.launches.values()) == 3
+
+
+@pytest.mark.parametrize('batch', [(), (2, 3, 2)])
+def test_any_number_of_leading_dimensions(batch):
+    """No leading dimension, or three (flattened to two): the kernels equal
+    the CPU implementation, output and gradients."""
+    if DEVICE != 'cpu':
+        pytest.skip('compares with the CPU implementation')
+    kernels = implementation('triton')
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(*batch, 7, 3, generator=g) for _ in range(3))
+    flags = (torch.rand(batch, generator=g) > 0.5) if batch else torch.tensor(True)
+    t = torch.tensor(0.9, dtype=torch.float64)
+    fused = torch.zeros(*batch, 7, 3)
+    results = []
+    for forward, backward in ((exact_where, exact_where_backward), kernels):
+        out, stats = forward(flags, q, k, v, t, None, None, fused, 'metric', True,
+                             0.0)
+        results.append((out, *backward(torch.ones_like(out), flags, q, k, v, t,
+                                       None, None, stats, 'metric', True, 0.0,
+                                       [True] * 4 + [False])[:4]))
+    for got, expected in zip(*results, strict=True):
+        assert torch.allclose(got, expected, atol=1e-6)

@@ -52,7 +52,7 @@ def _width(n: int) -> int:
 def _two_leading(x: Tensor, batch: torch.Size, *tail: int) -> Tensor:
     """``x`` expanded to ``[*batch, *tail]`` with exactly two leading
     dimensions."""
-    x = x.expand(*batch, *tail)
+    x = x.expand((*batch, *tail))
     if len(batch) > 2:
         return x.reshape(-1, batch[-1], *tail)
     return x[(None,) * (2 - len(batch))]
