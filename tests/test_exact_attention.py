@@ -212,3 +212,29 @@ def test_any_number_of_leading_dimensions(batch):
                                        [True] * 4 + [False])[:4]))
     for got, expected in zip(*results, strict=True):
         assert torch.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize('impl', ['cpu', 'triton'])
+def test_a_row_without_keys_is_nan_and_gets_no_gradient(impl):
+    """As SDPA: NaN output in a row that may attend to no key; the other
+    rows and every gradient stay finite and equal float64 autograd over
+    the other rows."""
+    forward, backward = implementation(impl)
+    q, k, v, t, _, fused = call_inputs('metric', None)
+    mask = torch.ones(2, 2, 19, 21, dtype=torch.bool, device=DEVICE)
+    mask[:, :, 0] = False  # query 0 sees no key
+    flags = torch.tensor(FLAGS, device=DEVICE)
+    out, stats = forward(flags, q, k, v, t, mask, None, fused, 'metric', False,
+                         0.0)
+    assert out[flags][:, 0].isnan().all() and out[flags][:, 1:].isfinite().all()
+    grad_out = torch.ones_like(out)
+    grad_out[:, :, 0] = 0  # what reaches the NaN rows does not matter here
+    grads = backward(grad_out, flags, q, k, v, t, mask, None, stats, 'metric',
+                     False, 0.0, [True] * 4 + [False])
+    inputs = [x.double().requires_grad_() for x in (q, k, v)]
+    expected = reference(*inputs, t, None, False, 'metric')[:, :, 1:]
+    expected_grads = torch.autograd.grad(
+        (expected * flags.view(2, 2, 1, 1)).sum(), inputs)
+    for grad, expected_grad in zip(grads, expected_grads, strict=False):
+        assert torch.allclose(grad.double(), expected_grad,
+                              atol=1e-5 * float(expected_grad.abs().max()))

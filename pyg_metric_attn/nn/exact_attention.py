@@ -22,7 +22,8 @@ the fused path made). Its backward passes the output's gradient to the
 fused output where the flag is :obj:`False` and gives query, key, value, a
 tensor time scale and a float mask the exact gradients of the flagged
 softmaxes (zero elsewhere: the fused path's own backward adds theirs). A
-query row that may attend to no key gets NaN (as SDPA) and no gradient.
+query row that may attend to no key gets NaN (as SDPA) and no gradient. No
+double backward.
 
 It is one custom operator, ``pyg_metric_attn::exact_attention_where``, with
 its backward ``pyg_metric_attn::exact_attention_where_backward``, fake
@@ -163,8 +164,9 @@ def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed, sta
                      for x, wanted in zip(inputs, need, strict=True))
     flagged = _Flagged(needs_exact, *inputs)
     logits, unmasked = flagged.logits(metric, is_causal)
-    weights, _ = _softmax(logits)
-    weights = weights.nan_to_num(nan=0.0)  # no gradient where no key
+    weights, row_stats = _softmax(logits)
+    no_key = row_stats[..., :1] == float('-inf')
+    weights = torch.where(no_key, 0, weights)  # NaN forward, no gradient
     keep = flagged.dropout(seed, dropout_p, logits.shape)
     dout = grad_out[needs_exact].double()
     grad_weights = (dout @ flagged.value.transpose(-1, -2)) * keep
@@ -181,17 +183,14 @@ def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed, sta
                            - grad_logits @ k)
         grad_k = 2 / t * (grad_logits.transpose(-1, -2) @ q
                           - grad_logits.sum(-2).unsqueeze(-1) * k)
-    grads = {
-        0: grad_q,
-        1: grad_k,
-        2: (weights * keep).transpose(-1, -2) @ dout,
-        # d s / d t = -s / t on the entries that carry weight
-        3: -torch.where(weights > 0, grad_logits * unmasked, 0).sum((-1, -2))
-        / flagged.time_scale,
-        4: grad_logits,
-    }
-    return tuple(flagged.scatter(i, grads[i]) if wanted else query.new_empty(0)
-                 for i, wanted in enumerate(need))
+    grad_v = (weights * keep).transpose(-1, -2) @ dout
+    # d s / d t = -s / t, on the entries that carry weight
+    grad_t = -torch.where(weights > 0, grad_logits * unmasked, 0).sum(
+        (-1, -2)) / flagged.time_scale
+    grads = (grad_q, grad_k, grad_v, grad_t, grad_logits)
+    return tuple(flagged.scatter(i, grad) if wanted else query.new_empty(0)
+                 for i, (grad, wanted) in enumerate(zip(grads, need,
+                                                        strict=True)))
 
 
 def _softmax(logits: Tensor) -> tuple[Tensor, Tensor]:
