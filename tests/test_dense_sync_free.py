@@ -45,6 +45,29 @@ def test_host_reads_on_a_repeated_step(metric, precision):
 
 
 @pytest.mark.parametrize('metric', METRICS)
+def test_no_synchronisation_on_cuda(metric, device):
+    """On a GPU (``pytest --device cuda``): a repeated training step with
+    the default precision, a huge batch element included (its softmaxes
+    take the exact kernels), runs under ``set_sync_debug_mode('error')``."""
+    if device.type != 'cuda':
+        pytest.skip('needs --device cuda')
+    torch.manual_seed(0)
+    mha = MetricMultiheadAttention(16, 2, metric=metric, dropout=0.1,
+                                   learn_time_scale=True).to(device)
+    x = torch.randn(2, 9, 16, device=device)
+    x[1] *= 1e19
+    padding = torch.zeros(2, 9, dtype=torch.bool, device=device)
+    padding[1, 6:] = True
+    training_step(mha, x, padding)  # compiles the kernels
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        out = training_step(mha, x, padding)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out[~padding].isfinite().all()
+
+
+@pytest.mark.parametrize('metric', METRICS)
 def test_fast_precision_equals_checked_at_ordinary_scale(metric):
     torch.manual_seed(1)
     checked = MetricMultiheadAttention(16, 2, metric=metric, time_scale=2.0)

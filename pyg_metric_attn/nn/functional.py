@@ -281,7 +281,8 @@ def merge_masks(masks: Sequence[Tensor | None],
             allowed = allowed & mask
         return allowed
     total = torch.zeros((), dtype=dtype, device=masks[0].device)
-    blocked = torch.tensor(float('-inf'), dtype=dtype, device=total.device)
+    # (a fill on the device: torch.tensor would copy from the host and sync)
+    blocked = torch.full((), float('-inf'), dtype=dtype, device=total.device)
     for mask in masks:
         total = (torch.where(mask, total, blocked) if mask.dtype == torch.bool
                  else total + mask.to(dtype))
