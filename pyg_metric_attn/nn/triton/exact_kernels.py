@@ -40,6 +40,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _float64(x):
+    """``x`` in float64, 16-bit floats through float32 (exact either way;
+    no direct 16-bit <-> float64 conversion is relied on)."""
+    if x.dtype == tl.float64:
+        return x
+    return x.to(tl.float32).to(tl.float64)
+
+
+@triton.jit
+def _narrowed(x, dtype):
+    """float64 ``x`` in ``dtype``, 16-bit floats through float32."""
+    if dtype == tl.float64:
+        return x
+    return x.to(tl.float32).to(dtype)
+
+
+@triton.jit
 def _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn, skd, smm, smn,
             t, DOT: tl.constexpr, HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -50,8 +67,8 @@ def _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn, skd, smm, smn,
     n_in = offs_n < Lk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     for d in range(0, D):
-        qd = tl.load(Q + offs_m * sqm + d * sqd, mask=m_in, other=0.0).to(tl.float64)
-        kd = tl.load(K + offs_n * skn + d * skd, mask=n_in, other=0.0).to(tl.float64)
+        qd = _float64(tl.load(Q + offs_m * sqm + d * sqd, mask=m_in, other=0.0))
+        kd = _float64(tl.load(K + offs_n * skn + d * skd, mask=n_in, other=0.0))
         if DOT:
             acc += qd[:, None] * kd[None, :]
         else:
@@ -71,7 +88,7 @@ def _scores(Q, K, MASK, offs_m, offs_n, Lq, Lk, D, sqm, sqd, skn, skd, smm, smn,
         if MASK_BOOL:
             valid = valid & (allowed != 0)
         else:
-            s = s + allowed.to(tl.float64)
+            s = s + _float64(allowed)
     return f, tl.where(valid, s, float('-inf')), valid
 
 
@@ -113,16 +130,16 @@ def _tile(X, offs, L, W, sl, sw, BLOCK_W: tl.constexpr):
     """Rows ``offs`` of ``X`` ``[L, W]`` as float64 ``[len(offs), BLOCK_W]``
     (zero padded)."""
     offs_w = tl.arange(0, BLOCK_W)
-    return tl.load(X + offs[:, None] * sl + offs_w[None, :] * sw,
-                   mask=(offs < L)[:, None] & (offs_w < W)[None, :],
-                   other=0.0).to(tl.float64)
+    return _float64(tl.load(X + offs[:, None] * sl + offs_w[None, :] * sw,
+                            mask=(offs < L)[:, None] & (offs_w < W)[None, :],
+                            other=0.0))
 
 
 @triton.jit
 def _store_tile(X, value, offs, L, W, sl, sw, BLOCK_W: tl.constexpr):
     offs_w = tl.arange(0, BLOCK_W)
     tl.store(X + offs[:, None] * sl + offs_w[None, :] * sw,
-             value.to(X.dtype.element_ty),
+             _narrowed(value, X.dtype.element_ty),
              mask=(offs < L)[:, None] & (offs_w < W)[None, :])
 
 
