@@ -192,17 +192,19 @@ def test_the_kernels_read_nothing_back():
 
 
 @pytest.mark.parametrize('batch', [(), (2, 3, 2)])
-def test_any_number_of_leading_dimensions(batch):
-    """No leading dimension, or three (flattened to two): the kernels equal
-    the CPU implementation, output and gradients."""
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float64])
+def test_any_number_of_leading_dimensions_and_dtype(batch, dtype):
+    """No leading dimension, or three (flattened to two), and 16- and 64-bit
+    inputs: the kernels equal the CPU implementation, output and gradients
+    (up to one unit in the last place of bfloat16)."""
     if DEVICE != 'cpu':
         pytest.skip('compares with the CPU implementation')
     kernels = implementation('triton')
     g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(*batch, 7, 3, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(*batch, 7, 3, generator=g).to(dtype) for _ in range(3))
     flags = (torch.rand(batch, generator=g) > 0.5) if batch else torch.tensor(True)
     t = torch.tensor(0.9, dtype=torch.float64)
-    fused = torch.zeros(*batch, 7, 3)
+    fused = torch.zeros(*batch, 7, 3, dtype=dtype)
     results = []
     for forward, backward in ((exact_where, exact_where_backward), kernels):
         out, stats = forward(flags, q, k, v, t, None, None, fused, 'metric', True,
@@ -210,8 +212,11 @@ def test_any_number_of_leading_dimensions(batch):
         results.append((out, *backward(torch.ones_like(out), flags, q, k, v, t,
                                        None, None, stats, 'metric', True, 0.0,
                                        [True] * 4 + [False])[:4]))
+    ulp = torch.finfo(dtype).eps if dtype == torch.bfloat16 else 1e-6
     for got, expected in zip(*results, strict=True):
-        assert torch.allclose(got, expected, atol=1e-6)
+        assert got.dtype == expected.dtype
+        assert torch.allclose(got.double(), expected.double(),
+                              atol=ulp * float(expected.abs().max()))
 
 
 @pytest.mark.parametrize('impl', ['cpu', 'triton'])
