@@ -83,12 +83,13 @@ class _CountedKernel:
 
 def _triton_kernel_tables() -> list[dict]:
     """The tables the launchers read their kernels from (the sparse
-    attention's and the dense augmentation's)."""
-    from pyg_metric_attn.nn.triton import HAVE_TRITON, function
+    attention's, the dense augmentation's and the exact dense
+    correction's)."""
+    from pyg_metric_attn.nn.triton import HAVE_TRITON, exact, function
     if not HAVE_TRITON:
         return []
     from pyg_metric_attn.nn.augmentation.kernels import KERNELS
-    return [function.kernels(), KERNELS]
+    return [function.kernels(), KERNELS, exact.kernels()]
 
 
 def _custom_op_implementation(name: str):

@@ -1,7 +1,9 @@
-"""Dense metric attention without a host synchronisation (issue 27): the
-``'fast'`` precision policy reads nothing back on a repeated step and
-compiles as one graph; the ``'checked'`` policy reads its rounding estimate
-once per call."""
+"""Dense metric attention without a host synchronisation (issue 27): both
+precision policies read nothing back on a repeated step and compile as one
+graph; ``'checked'`` decides per softmax on the device and corrects the
+flagged ones with ``pyg_metric_attn::exact_attention_where`` (whose CPU
+implementation looks at its CPU flags, no device synchronisation; its
+Triton implementation reads nothing back either: tests/test_exact_attention.py)."""
 from __future__ import annotations
 
 import pytest
@@ -23,11 +25,10 @@ def training_step(mha, x, padding):
 
 
 @pytest.mark.parametrize('metric', METRICS)
-@pytest.mark.parametrize('precision,reads', [('fast', 0), ('checked', 2)])
-def test_host_reads_on_a_repeated_step(metric, precision, reads):
+@pytest.mark.parametrize('precision', ['fast', 'checked'])
+def test_host_reads_on_a_repeated_step(metric, precision):
     """Forward and backward of a step, the second time round: no read with
-    ``'fast'``, one per attention call and step (and none else) with
-    ``'checked'``; with a learned time scale and padding."""
+    either policy; with a learned time scale and padding."""
     torch.manual_seed(0)
     mha = MetricMultiheadAttention(16, 2, metric=metric, learn_time_scale=True,
                                    precision=precision)
@@ -38,7 +39,32 @@ def test_host_reads_on_a_repeated_step(metric, precision, reads):
     with OpCounter() as counter:
         training_step(mha, x, padding)
         training_step(mha, x, padding)
-    assert counter.ops['_local_scalar_dense'] + counter.ops['item'] == reads
+    assert counter.ops['_local_scalar_dense'] + counter.ops['item'] == 0
+    expected = 2 if precision == 'checked' else 0
+    assert counter.ops['exact_attention_where'] == expected
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_no_synchronisation_on_cuda(metric, device):
+    """On a GPU (``pytest --device cuda``): a repeated training step with
+    the default precision, a huge batch element included (its softmaxes
+    take the exact kernels), runs under ``set_sync_debug_mode('error')``."""
+    if device.type != 'cuda':
+        pytest.skip('needs --device cuda')
+    torch.manual_seed(0)
+    mha = MetricMultiheadAttention(16, 2, metric=metric, dropout=0.1,
+                                   learn_time_scale=True).to(device)
+    x = torch.randn(2, 9, 16, device=device)
+    x[1] *= 1e19
+    padding = torch.zeros(2, 9, dtype=torch.bool, device=device)
+    padding[1, 6:] = True
+    training_step(mha, x, padding)  # compiles the kernels
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        out = training_step(mha, x, padding)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out[~padding].isfinite().all()
 
 
 @pytest.mark.parametrize('metric', METRICS)
@@ -55,13 +81,14 @@ def test_fast_precision_equals_checked_at_ordinary_scale(metric):
 
 
 @pytest.mark.parametrize('metric', METRICS)
-def test_module_compiles_as_one_graph(metric):
+@pytest.mark.parametrize('precision', ['fast', 'checked'])
+def test_module_compiles_as_one_graph(metric, precision):
     """``torch.compile(fullgraph=True)`` of the layer (training: the
     augmented form) and of the function (inference: the key bias), equal to
     eager."""
     torch.manual_seed(2)
     mha = MetricMultiheadAttention(16, 2, metric=metric, learn_time_scale=True,
-                                   precision='fast')
+                                   precision=precision)
     x = torch.randn(2, 8, 16, requires_grad=True)
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 5:] = True
@@ -79,21 +106,35 @@ def test_module_compiles_as_one_graph(metric):
                              backend='aot_eager')
     with torch.no_grad():
         out, _ = function(q, k, v, metric, 1.5, attn_mask=padding.view(2, 1, 1, 8)
-                          .logical_not(), precision='fast')
+                          .logical_not(), precision=precision)
         expected, _ = dense_metric_attention(
             q, k, v, metric, 1.5, attn_mask=padding.view(2, 1, 1, 8)
             .logical_not())
     assert torch.allclose(out, expected, atol=1e-6)
 
 
-def test_checked_precision_still_breaks_the_graph():
-    """The ``'checked'`` read is data dependent: ``fullgraph`` rejects it."""
-    mha = MetricMultiheadAttention(16, 2)
-    x = torch.randn(1, 5, 16)
+@pytest.mark.parametrize('metric', METRICS)
+def test_checked_precision_compiles_and_corrects_only_the_bad_softmax(metric):
+    """The default policy under ``torch.compile(fullgraph=True)`` with one
+    batch element of huge points (1e19: the fused logits overflow): that
+    element is exact and finite, gradients included, and the other element
+    is the fused result, bit for bit the ``'fast'`` one."""
+    torch.manual_seed(3)
+    mha = MetricMultiheadAttention(16, 2, metric=metric)
+    fast = MetricMultiheadAttention(16, 2, metric=metric, precision='fast')
+    fast.load_state_dict(mha.state_dict())
+    x = torch.randn(2, 7, 16) * torch.tensor([1.0, 1e19]).view(2, 1, 1)
+    x.requires_grad_()
     torch._dynamo.reset()
     compiled = torch.compile(mha, fullgraph=True, backend='aot_eager')
-    with pytest.raises(torch._dynamo.exc.Unsupported):
-        compiled(x, x, x, need_weights=False)
+    out = compiled(x, x, x, need_weights=False)[0]
+    assert out.isfinite().all()
+    assert torch.equal(out[0], fast(x, x, x, need_weights=False)[0][0])
+    with torch.no_grad():
+        exact = mha(x, x, x, need_weights=True)[0]  # explicit float64 logits
+    assert torch.allclose(out, exact, rtol=1e-4, atol=1e-4 * exact.abs().max())
+    grad, = torch.autograd.grad(out.square().mean(), x)
+    assert grad.isfinite().all()
 
 
 def test_unknown_precision_is_a_clear_error():

@@ -38,9 +38,11 @@ softmax (each batch element and head, counting only keys that some query
 may attend to and that are finite); keys no query may attend to are
 zeroed. Whether the expanded form is then accurate enough, and what runs
 where it is not, is the policy ``precision`` of
-:mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (one host read per call,
-the exact path of explicit float64 logits where needed) or ``'fast'`` (no
-check, no synchronisation, one graph under :func:`torch.compile`).
+:mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (decided per softmax on the
+device; the fused path, then
+:func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where` makes the
+flagged softmaxes exact) or ``'fast'`` (no check, no correction). Neither
+synchronises, and both compile as one graph under :func:`torch.compile`.
 
 Denormals. The very negative distance logits make the softmax produce
 denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
@@ -59,12 +61,14 @@ from pyg_metric_attn.nn.augmentation import (
     augmented_queries_and_keys,
     runs_fused,
 )
+from pyg_metric_attn.nn.exact_attention import exact_attention_where
 from pyg_metric_attn.nn.logits import (
     attention_logits,
     centred,
     check_precision,
-    expanded_logits_are_accurate,
     logit_scale,
+    needs_exact,
+    slice_time_scale,
 )
 from pyg_metric_attn.nn.normalization import (
     check_normalization,
@@ -111,10 +115,11 @@ def dense_metric_attention(
             (:math:`O(L_q L_k)` memory) and leave masked entries out of
             every normalisation.
         sinkhorn_iterations (int): Column-then-row steps of ``'sinkhorn'``.
-        precision (str): ``'checked'`` (an exact path where the fused logits
-            would round by more than the tolerance; one host read per call)
-            or ``'fast'`` (no check: no synchronisation, one graph under
-            :func:`torch.compile`); see :mod:`~pyg_metric_attn.nn.logits`.
+        precision (str): ``'checked'`` (exact float64 attention in each
+            softmax whose fused logits would round by more than the
+            tolerance, decided on the device; explicit paths in float64)
+            or ``'fast'`` (no check, explicit paths in float32); neither
+            synchronises. See :mod:`~pyg_metric_attn.nn.logits`.
 
     Returns:
         ``(output [..., L_q, C], weights or None)``. A query row that may
@@ -128,22 +133,49 @@ def dense_metric_attention(
     if metric != 'dot':
         query, key, augmented = _centred_points(query, key, value,
                                                 _attended_keys(attn_mask))
-    exact = precision == 'checked' and not expanded_logits_are_accurate(
-        query, key, metric, time_scale)
-    if need_weights or exact or normalization != 'row':
+    checked = precision == 'checked'
+    if need_weights or normalization != 'row':
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
-                                           attn_mask, is_causal, dropout_p, exact,
+                                           attn_mask, is_causal, dropout_p, checked,
                                            normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
+    exact = needs_exact(query, key, metric, time_scale) if checked else None
+    fused_query, fused_key = _fused_points(exact, query, key, value, time_scale)
     if metric == 'dot':
         scale = logit_scale(metric, query.size(-1), time_scale)
-        return _sdpa(query, key, value, scale, attn_mask, is_causal,
-                     dropout_p), None
-    if _needs_augmented_form(query, key, value, time_scale, is_causal):
-        return _augmented_sdpa(query, key, value, time_scale, attn_mask,
-                               is_causal, dropout_p, augmented), None
-    return _key_bias_sdpa(query, key, value, time_scale, attn_mask,
-                          dropout_p), None
+        out = _sdpa(fused_query, fused_key, value, scale, attn_mask, is_causal,
+                    dropout_p)
+    elif augmented is not None or _needs_augmented_form(
+            fused_query, fused_key, value, time_scale, is_causal):
+        if augmented is not None:
+            augmented = _fused_points(exact, *augmented, value, time_scale)
+        out = _augmented_sdpa(fused_query, fused_key, value, time_scale,
+                              attn_mask, is_causal, dropout_p, augmented)
+    else:
+        out = _key_bias_sdpa(fused_query, fused_key, value, time_scale,
+                             attn_mask, dropout_p)
+    if exact is not None:
+        out = exact_attention_where(
+            exact, query, key, value, slice_time_scale(time_scale, query.device),
+            attn_mask, is_causal, dropout_p, out, metric)
+    return out, None
+
+
+def _fused_points(exact: Tensor | None, query: Tensor, key: Tensor,
+                  value: Tensor, time_scale: float | Tensor
+                  ) -> tuple[Tensor, Tensor]:
+    """Query and key (or their augmented forms) for the fused path: with a
+    gradient to compute, zero in the softmaxes the exact path takes over
+    (their fused output is replaced and gets no gradient, but its backward
+    must stay finite: a huge or infinite point would make it NaN, and NaN
+    times a zero gradient is NaN)."""
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad
+        for t in (query, key, value, time_scale))
+    if exact is None or not needs_grad:
+        return query, key
+    flagged = exact.view(*exact.shape, 1, 1)
+    return torch.where(flagged, 0, query), torch.where(flagged, 0, key)
 
 
 def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
@@ -285,7 +317,8 @@ def merge_masks(masks: Sequence[Tensor | None],
             allowed = allowed & mask
         return allowed
     total = torch.zeros((), dtype=dtype, device=masks[0].device)
-    blocked = torch.tensor(float('-inf'), dtype=dtype, device=total.device)
+    # (a fill on the device: torch.tensor would copy from the host and sync)
+    blocked = torch.full((), float('-inf'), dtype=dtype, device=total.device)
     for mask in masks:
         total = (torch.where(mask, total, blocked) if mask.dtype == torch.bool
                  else total + mask.to(dtype))

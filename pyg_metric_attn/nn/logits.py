@@ -33,22 +33,34 @@ overflows (or when a point is infinite). :func:`rounding_error` estimates it
 on the device; the policy ``precision`` decides what happens above
 :data:`LOGIT_ROUNDING_TOLERANCE` (``1e-3``):
 
-* ``'checked'`` (the default): :func:`expanded_logits_are_accurate` reads the
-  estimate back to the host, and above the tolerance the call takes an exact
-  path (dense: explicit float64 logits from direct differences,
-  :math:`O(L_q L_k)` memory; sparse: see
-  :mod:`~pyg_metric_attn.nn.sparse_attention`),
-  which is finite for all finite inputs. The read is one host
-  synchronisation per call and, under :func:`torch.compile`, one graph break
-  (``fullgraph=True`` rejects it).
-* ``'fast'`` (dense path only): no check, no synchronisation, one graph:
-  the centred expanded form always runs. Its results match the checked ones
-  wherever the estimate is within the tolerance (e.g. unit-scale embeddings
-  at :math:`t \ge 1`); beyond it the logits carry the rounding above, and
-  points that overflow the expanded form give non-finite outputs within
-  their own softmax. A data-dependent exact fallback cannot be chosen
-  without the host reading the estimate (or computing both paths), so the
-  sync-free policy is a choice the caller makes.
+* ``'checked'`` (the default), dense path: :func:`needs_exact` makes the
+  decision per softmax (batch element and head) as a boolean tensor on the
+  device. The fused expanded form always runs (with the flagged softmaxes'
+  points zeroed when a gradient is needed, so that its backward stays
+  finite), then :func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where`
+  replaces the flagged softmaxes by attention computed in float64 from the
+  direct differences, and their gradients likewise; one bad softmax costs
+  the others nothing. Nothing is read back to the host, and
+  :func:`torch.compile` compiles it as one graph (``fullgraph=True``). The
+  result is finite for all finite inputs. Explicit paths
+  (``need_weights``, normalisations other than ``'row'``) compute in
+  float64 throughout (no decision needed).
+* ``'checked'``, sparse path (:mod:`~pyg_metric_attn.nn.sparse_attention`):
+  :func:`expanded_logits_are_accurate` reads the estimate over all points
+  back to the host, one synchronisation per call and, under
+  :func:`torch.compile`, one graph break; above the tolerance the call
+  takes its exact path.
+* ``'fast'`` (dense path only): no estimate and no correction: the centred
+  expanded form alone, and the explicit paths in float32. It saves the
+  estimate, the zeroing and the correction operator (on CPU a repeated
+  training step of :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
+  dispatches 150 instead of 194 aten ops, an inference call 64 instead of
+  88: each a kernel launch on a GPU unless compiled; on a GPU the
+  correction's programs also each load a flag and exit). Its results match
+  the checked ones wherever the estimate is within the tolerance (e.g.
+  unit-scale embeddings at :math:`t \ge 1`); beyond it the logits carry the
+  rounding above, and points that overflow the expanded form give
+  non-finite outputs within their own softmax.
 """
 from __future__ import annotations
 
@@ -138,38 +150,79 @@ def centred(query: Tensor, key: Tensor, dim: int = -2,
 
 
 def rounding_error(query: Tensor, key: Tensor, metric: str,
-                   time_scale: float | Tensor) -> Tensor:
+                   time_scale: float | Tensor, per_slice: bool = False) -> Tensor:
     """The estimated rounding error of an expanded-form logit (see the module
-    docstring), a float64 scalar on the device (no synchronisation): ``inf``
-    for an infinite point or an overflowing norm; NaN points are ignored."""
+    docstring) as float64 on the device (no synchronisation): ``inf`` for an
+    infinite point or an overflowing norm; NaN points are ignored. A scalar
+    over all points, or with ``per_slice`` one per softmax (the points of
+    ``[..., L, D]`` grouped by their leading indices; a tensor time scale
+    then has one element or one per slice, ``[..., 1, 1]``)."""
     rounding = torch.finfo(torch.promote_types(query.dtype,
                                                torch.float32)).eps / 2
-    key_norm = _largest_norm(key)
-    query_norm = key_norm if query is key else _largest_norm(query)
+    key_norm = _largest_norm(key, per_slice)
+    query_norm = key_norm if query is key else _largest_norm(query, per_slice)
     if metric == 'dot':
         error = query_norm * key_norm
     else:
         error = math.sqrt(query.size(-1)) * (query_norm + key_norm).square()
+    if per_slice:
+        time_scale = slice_time_scale(time_scale, error.device)
     time_scale = torch.as_tensor(time_scale).detach().to(error.device).double()
     return rounding * error / time_scale.abs()
+
+
+def needs_exact(query: Tensor, key: Tensor, metric: str,
+                time_scale: float | Tensor) -> Tensor:
+    """The ``'checked'`` policy's decision for the dense path, per softmax
+    (the leading indices of ``query`` ``[..., L_q, D]`` and ``key``
+    ``[..., L_k, D]`` broadcast together): a boolean tensor on the device,
+    :obj:`True` where :func:`rounding_error` exceeds
+    ``LOGIT_ROUNDING_TOLERANCE`` or is NaN. Nothing is read back to the
+    host."""
+    error = rounding_error(query, key, metric, time_scale, per_slice=True)
+    return ~(error <= LOGIT_ROUNDING_TOLERANCE)
+
+
+def slice_time_scale(time_scale: float | Tensor,
+                     device: torch.device) -> Tensor:
+    """The time scale as a float64 tensor with one value per softmax
+    (broadcastable to the leading indices of the points; differentiable):
+    a float or a one-element tensor as a scalar, a ``[..., 1, 1]`` tensor
+    without its last two dimensions; other shapes are an error."""
+    if not isinstance(time_scale, Tensor):
+        return torch.full((), float(time_scale), dtype=torch.float64,
+                          device=device)
+    if time_scale.numel() == 1:
+        return time_scale.double().reshape(())
+    if time_scale.dim() >= 2 and time_scale.shape[-2:] == (1, 1):
+        return time_scale.double()[..., 0, 0]
+    raise ValueError(f"A tensor 'time_scale' must have one element or one per "
+                     f"batch element and head ([..., 1, 1]), got shape "
+                     f"{list(time_scale.shape)}")
 
 
 @torch.compiler.disable
 def expanded_logits_are_accurate(query: Tensor, key: Tensor, metric: str,
                                  time_scale: float | Tensor) -> bool:
-    """Whether :func:`rounding_error` is within ``LOGIT_ROUNDING_TOLERANCE``:
-    the ``'checked'`` policy's decision, read back to the host (one
-    synchronisation; under :func:`torch.compile` it runs eagerly, one graph
-    break)."""
+    """Whether :func:`rounding_error` (over all points) is within
+    ``LOGIT_ROUNDING_TOLERANCE``, read back to the host: the sparse path's
+    decision (one synchronisation; under :func:`torch.compile` it runs
+    eagerly, one graph break)."""
     error = rounding_error(query, key, metric, time_scale)
     return bool(error <= LOGIT_ROUNDING_TOLERANCE)
 
 
-def _largest_norm(points: Tensor) -> Tensor:
+def _largest_norm(points: Tensor, per_slice: bool = False) -> Tensor:
     """The largest Euclidean norm of a point (rows along the last dimension)
-    as a float64 scalar, ignoring NaN rows; infinite entries and norms that
-    overflow the points' dtype count as infinite. 0 without any point."""
+    as float64, over all points or, with ``per_slice``, along ``dim=-2``;
+    NaN rows are ignored, infinite entries and norms that overflow the
+    points' dtype count as infinite. 0 without any point."""
     norms = torch.linalg.vector_norm(points.detach(), dim=-1)
+    norms = norms.nan_to_num(nan=0.0, posinf=math.inf)
+    if per_slice:
+        if not norms.size(-1):
+            return norms.new_zeros(norms.shape[:-1], dtype=torch.float64)
+        return norms.amax(-1).double()
     if not norms.numel():
         return norms.new_zeros((), dtype=torch.float64)
-    return norms.nan_to_num(nan=0.0, posinf=math.inf).max().double()
+    return norms.max().double()

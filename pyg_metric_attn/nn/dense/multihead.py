@@ -96,11 +96,13 @@ class MetricMultiheadAttention(torch.nn.Module):
             ``'sinkhorn'`` or ``'global'`` (see above). (default: :obj:`'row'`)
         sinkhorn_iterations (int, optional): Column-then-row steps of
             ``'sinkhorn'``. (default: :obj:`3`)
-        precision (str, optional): ``'checked'`` (an exact path where the
-            fused logits would round too much; one host read per call) or
-            ``'fast'`` (no check: no host synchronisation, and
-            ``torch.compile(fullgraph=True)`` compiles the layer); see
-            :mod:`~pyg_metric_attn.nn.logits`. (default: :obj:`'checked'`)
+        precision (str, optional): ``'checked'`` (exact float64 attention
+            in each softmax whose fused logits would round too much,
+            decided on the device) or ``'fast'`` (no check: fewer ops per
+            call); neither synchronises with the host, and
+            ``torch.compile(fullgraph=True)`` compiles the layer with
+            both; see :mod:`~pyg_metric_attn.nn.logits`.
+            (default: :obj:`'checked'`)
     """
     def __init__(self, embed_dim: int, num_heads: int, metric: str = 'metric',
                  dropout: float = 0.0, bias: bool = True, kdim: int | None = None,
