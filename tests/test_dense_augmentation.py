@@ -262,6 +262,30 @@ def test_dense_metric_attention_through_the_op_equals_the_torch_path(
         torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-4)
 
 
+def test_the_exact_correction_through_the_op(monkeypatch):
+    """'checked' with one batch element of huge points (1e19: its fused
+    logits overflow, the exact correction takes it over): through the op as
+    through the torch ops, gradients finite (the op's augmented points of
+    the flagged softmax are zeroed for the fused backward, as the torch
+    route zeroes its plain points)."""
+    query, key, attended = points(torch.float32)
+    with torch.no_grad():
+        query[1] *= 1e19
+        key[1] *= 1e19
+    value = torch.randn(2, 3, 33, 6, device=DEVICE, requires_grad=True)
+    mask = attended.transpose(-1, -2)
+    monkeypatch.setattr(augmentation, 'FUSED_DEVICES', ())
+    expected = attention_step(query, key, value, attn_mask=mask)
+    monkeypatch.setattr(augmentation, 'FUSED_DEVICES', (DEVICE,))
+    with OpCounter() as counter:
+        out = attention_step(query, key, value, attn_mask=mask)
+    assert counter.ops['augment_queries_and_keys'] == 1
+    assert counter.ops['exact_attention_where'] == 1
+    for o, e in zip(out, expected, strict=True):
+        assert o.isfinite().all()
+        torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-4)
+
+
 def test_a_repeated_step_runs_no_torch_augmentation(fused):
     """Forward and backward of a second step launch the three kernels, once
     each, and none of the torch ops the augmentation took (reductions,
