@@ -1,0 +1,27 @@
+"""Redraws curves-200ep.png from the metrics CSVs beside it (run from the
+repository root: python docs/results/human_seg_long/plot_curves_200ep.py)."""
+import csv
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+
+FOLDER = 'docs/results/human_seg_long/'
+RUNS = {'MetricMeshFormer (test 90.02)': 'metricformer-seed0-200ep.csv',
+        'DiffusionNet, this harness (test 90.11)': 'diffusionnet-seed0-200ep.csv'}
+
+fig, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
+for label, name in RUNS.items():
+    with open(FOLDER + name) as file:
+        rows = list(csv.DictReader(file))
+    epochs = [int(row['epoch']) for row in rows]
+    loss_axes.plot(epochs, [float(row['train_loss']) for row in rows], label=label)
+    acc_axes.plot(epochs, [100 * float(row['val_face_acc']) for row in rows],
+                  label=label)
+loss_axes.set(yscale='log', xlabel='epoch', ylabel='training loss')
+acc_axes.set(xlabel='epoch', ylabel='validation face accuracy (%)', ylim=(90, 98))
+acc_axes.legend(loc='lower right', fontsize=8)
+fig.suptitle('human_seg, 200 epochs, seed 0, 38 training meshes held out')
+fig.tight_layout()
+fig.savefig(FOLDER + 'curves-200ep.png', dpi=110)
