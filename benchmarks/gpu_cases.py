@@ -82,8 +82,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SPARSE_BASELINE = 'GATConv'
 SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv', 'metric-triton',
                    'metric-scatter', 'metric-fused')
-DENSE_KERNEL_VARIANTS = ('sdpa-dot', 'metric-sdpa')
-DENSE_MODULE_VARIANTS = ('mha-dot', 'mha-metric')
+# '-fast': precision='fast' (no rounding estimate, no exact correction), to
+# time what the default 'checked' policy costs over it.
+DENSE_KERNEL_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-sdpa-fast')
+DENSE_MODULE_VARIANTS = ('mha-dot', 'mha-metric', 'mha-metric-fast')
 MULTI30K_VARIANTS = ('dot', 'metric')
 MODES = ('forward', 'forward_backward')
 
@@ -126,14 +128,19 @@ def dense_kernel(variant: str) -> Callable:
         return F.scaled_dot_product_attention
     if variant == 'metric-sdpa':
         return lambda q, k, v: dense_metric_attention(q, k, v)[0]
+    if variant == 'metric-sdpa-fast':
+        return lambda q, k, v: dense_metric_attention(q, k, v,
+                                                      precision='fast')[0]
     raise ValueError(f"Unknown dense kernel variant '{variant}'")
 
 
 def dense_module(variant: str, embed_dim: int, heads: int) -> torch.nn.Module:
     from pyg_metric_attn import MetricMultiheadAttention
 
-    metric = variant.removeprefix('mha-')
-    return MetricMultiheadAttention(embed_dim, heads, metric=metric)
+    metric = variant.removeprefix('mha-').removesuffix('-fast')
+    precision = 'fast' if variant.endswith('-fast') else 'checked'
+    return MetricMultiheadAttention(embed_dim, heads, metric=metric,
+                                    precision=precision)
 
 
 class Job:

@@ -30,7 +30,8 @@ def test_sdpa_kernel_check_names_the_cpu_kernels():
     report = gpu_cases.sdpa_kernels(torch.device('cpu'), length=16, batch=2,
                                     heads=2, head_dim=8)
     variants = report['variants']
-    assert set(variants) == {'sdpa-dot', 'metric-sdpa', 'mha-dot', 'mha-metric'}
+    assert set(variants) == {'sdpa-dot', 'metric-sdpa', 'metric-sdpa-fast',
+                             'mha-dot', 'mha-metric', 'mha-metric-fast'}
     # On a CPU the fused CPU kernel runs (never the math fallback).
     assert {v['kernel'] for v in variants.values()} == {'flash'}
     assert any('flash_attention_for_cpu' in name
