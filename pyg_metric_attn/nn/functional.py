@@ -140,25 +140,34 @@ def dense_metric_attention(
                                            normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
     exact = needs_exact(query, key, metric, time_scale) if checked else None
-    fused_query, fused_key = _fused_points(exact, query, key, value, time_scale)
-    if metric == 'dot':
-        scale = logit_scale(metric, query.size(-1), time_scale)
-        out = _sdpa(fused_query, fused_key, value, scale, attn_mask, is_causal,
-                    dropout_p)
-    elif augmented is not None or _needs_augmented_form(
-            fused_query, fused_key, value, time_scale, is_causal):
-        if augmented is not None:
-            augmented = _fused_points(exact, *augmented, value, time_scale)
-        out = _augmented_sdpa(fused_query, fused_key, value, time_scale,
-                              attn_mask, is_causal, dropout_p, augmented)
+    if augmented is not None:  # written by the fused augmentation
+        out = _augmented_sdpa(query, key, value, time_scale, attn_mask,
+                              is_causal, dropout_p,
+                              _fused_points(exact, *augmented, value, time_scale))
     else:
-        out = _key_bias_sdpa(fused_query, fused_key, value, time_scale,
-                             attn_mask, dropout_p)
+        out = _fused_attention(*_fused_points(exact, query, key, value,
+                                              time_scale),
+                               value, metric, time_scale, attn_mask, is_causal,
+                               dropout_p)
     if exact is not None:
         out = exact_attention_where(
             exact, query, key, value, slice_time_scale(time_scale, query.device),
             attn_mask, is_causal, dropout_p, out, metric)
     return out, None
+
+
+def _fused_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,
+                     time_scale: float | Tensor, attn_mask: Tensor | None,
+                     is_causal: bool, dropout_p: float) -> Tensor:
+    """The fused SDPA path for centred points: plain SDPA for ``'dot'``,
+    else the augmented form or the key bias (see the module docstring)."""
+    if metric == 'dot':
+        scale = logit_scale(metric, query.size(-1), time_scale)
+        return _sdpa(query, key, value, scale, attn_mask, is_causal, dropout_p)
+    if _needs_augmented_form(query, key, value, time_scale, is_causal):
+        return _augmented_sdpa(query, key, value, time_scale, attn_mask,
+                               is_causal, dropout_p)
+    return _key_bias_sdpa(query, key, value, time_scale, attn_mask, dropout_p)
 
 
 def _fused_points(exact: Tensor | None, query: Tensor, key: Tensor,
