@@ -251,3 +251,13 @@ def test_a_failed_experiment_reports_the_failure_not_nan(tmp_path, monkeypatch,
     summary = json.loads((tmp_path / 'summary.json').read_text())
     assert summary['metric']['mean'] is None
     assert summary['metric']['errors'] == ['RuntimeError: boom']
+
+
+@pytest.mark.parametrize('attention', ['metric', 'dot', 'gat'])
+def test_point_set_dropout_settings_reach_the_ipn(attention):
+    task = MoonTask(epochs=1, progress=False, dropout=0.3, attention_dropout=0.2)
+    model = task.build_model(attention)
+    assert model.dropout == 0.3
+    assert all(conv.dropout == 0.2 for conv in model.convs)
+    plain = MoonTask(epochs=1, progress=False).build_model(attention)
+    assert plain.dropout == 0.0 and all(conv.dropout == 0.0 for conv in plain.convs)

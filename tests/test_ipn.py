@@ -112,3 +112,36 @@ def test_ipn_errors():
         IPN(4, 8, 2, conv='gat')
     with pytest.raises(ValueError, match="has no 'reset_parameters'"):
         IPN(4, 8, 2, num_layers=2, conv=torch.nn.Identity())
+
+
+@pytest.mark.parametrize('on_graph', [True, False])
+def test_ipn_dropout_drops_the_inputs_of_both_linear_maps(on_graph):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(12, 5, generator=g)
+    edge_index = random_graph(12, 12, 0.3, g) if on_graph else None
+    batch = None if on_graph else torch.tensor([0] * 5 + [1] * 7)
+    model = IPN(5, 8, 3, num_layers=2, dropout=0.4)
+    plain = IPN(5, 8, 3, num_layers=2)
+    plain.load_state_dict(model.state_dict())
+    # Evaluation: no dropout, the model without it.
+    model.eval()
+    plain.eval()
+    assert torch.equal(model(x, edge_index, batch), plain(x, edge_index, batch))
+    # Training: dropout of X before W_in and of H^(L) before W_out, in that
+    # order, with the same random draws.
+    model.train()
+    torch.manual_seed(3)
+    out = model(x, edge_index, batch)
+    torch.manual_seed(3)
+    h = model.lin_in(torch.nn.functional.dropout(x, 0.4))
+    if on_graph:
+        for conv in model.convs:
+            h = conv(h, edge_index)
+    else:
+        h = model._propagate_point_sets(h, batch)
+    expected = model.lin_out(torch.nn.functional.dropout(h, 0.4))
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert not torch.allclose(out, plain(x, edge_index, batch), atol=1e-3)
+    assert 'dropout=0.4' in repr(model) and 'dropout' not in repr(plain)
+    with pytest.raises(ValueError, match="'dropout' must be in"):
+        IPN(5, 8, 3, dropout=1.0)

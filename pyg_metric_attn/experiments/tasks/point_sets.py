@@ -57,6 +57,10 @@ class PointSetConfig(TaskConfig):
     #: paper's softmax; 'column', 'sinkhorn', 'global': per set).
     normalization: Normalization = 'row'
     sinkhorn_iterations: int = setting(3, ge=1)
+    #: Dropout of the IPN's inputs and of its propagated features before the
+    #: output map, and of the attention weights (the paper's IPN: none).
+    dropout: float = setting(0.0, ge=0, lt=1)
+    attention_dropout: float = setting(0.0, ge=0, lt=1)
     lr: float = setting(1e-3, gt=0)
     weight_decay: float = setting(1e-4, ge=0)
     #: Points per set.
@@ -102,6 +106,7 @@ class PointSetTask(Task):
         c = self.config
         conv = attention_factory(
             attention, heads=c.heads, concat=False,
+            dropout=c.attention_dropout,
             **metric_options(attention, value=False,
                              mlp_channels=c.mlp_channels,
                              time_scale=c.time_scale,
@@ -109,7 +114,7 @@ class PointSetTask(Task):
                              normalization=c.normalization,
                              sinkhorn_iterations=c.sinkhorn_iterations))
         return IPN(self.data()[0].size(1), c.hidden, self.num_classes,
-                   c.num_layers, conv=conv)
+                   c.num_layers, conv=conv, dropout=c.dropout)
 
     def scores(self, model: torch.nn.Module, name: str, x: Tensor,
                y: Tensor) -> dict[str, float]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import Adj, OptTensor
@@ -25,6 +26,11 @@ class IPN(torch.nn.Module):
     .. math::
         H^{(0)} = X W_{in}, \qquad H^{(l)} = \mathrm{conv}_l(H^{(l-1)}),
         \qquad Y = H^{(L)} W_{out}.
+
+    With ``dropout > 0`` the inputs :math:`X` and the propagated
+    :math:`H^{(L)}` pass through dropout in training (the inputs of the two
+    linear maps, as GAT's network drops the inputs of its layers); the
+    paper's IPN has none.
 
     The paper's propagation, and the default, is metric-attention without a
     value map, :math:`H' = S H`
@@ -51,6 +57,9 @@ class IPN(torch.nn.Module):
             deep copies of it with their parameters reset.
             (default: the paper's
             ``partial(MetricAttentionConv, value=False)``)
+        dropout (float, optional): Dropout probability of the inputs and of
+            the propagated features before the output map.
+            (default: :obj:`0.0`)
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, edge
@@ -61,10 +70,13 @@ class IPN(torch.nn.Module):
     """
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int = 1,
-                 conv: torch.nn.Module | ConvFactory | None = None):
+                 conv: torch.nn.Module | ConvFactory | None = None,
+                 dropout: float = 0.0):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"'num_layers' must be at least 1, got {num_layers}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"'dropout' must be in [0, 1), got {dropout}")
         if conv is None:
             conv = partial(MetricAttentionConv, value=False)
         if not (isinstance(conv, torch.nn.Module) or callable(conv)):
@@ -81,6 +93,7 @@ class IPN(torch.nn.Module):
         self.convs = torch.nn.ModuleList(
             self._layers(conv, hidden_channels, num_layers))
         self.lin_out = Linear(hidden_channels, out_channels)
+        self.dropout = dropout
 
     @staticmethod
     def _layers(conv: torch.nn.Module | ConvFactory, channels: int,
@@ -102,13 +115,14 @@ class IPN(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj | None = None,
                 batch: OptTensor = None, edge_attr: OptTensor = None) -> Tensor:
         """Class logits per node (or point)."""
-        h = self.lin_in(x)
+        h = self.lin_in(F.dropout(x, self.dropout, self.training))
         if edge_index is None:
-            return self.lin_out(self._propagate_point_sets(h, batch))
-        for conv in self.convs:
-            h = conv(h, edge_index) if edge_attr is None else conv(
-                h, edge_index, edge_attr=edge_attr)
-        return self.lin_out(h)
+            h = self._propagate_point_sets(h, batch)
+        else:
+            for conv in self.convs:
+                h = conv(h, edge_index) if edge_attr is None else conv(
+                    h, edge_index, edge_attr=edge_attr)
+        return self.lin_out(F.dropout(h, self.dropout, self.training))
 
     def _propagate_point_sets(self, h: Tensor, batch: OptTensor) -> Tensor:
         """All pairs per set: dense kernels where a layer has them, edges
@@ -121,4 +135,5 @@ class IPN(torch.nn.Module):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.lin_in.in_channels}, '
                 f'{self.lin_in.out_channels}, {self.lin_out.out_channels}, '
-                f'num_layers={len(self.convs)}, conv={self.convs[0]})')
+                f'num_layers={len(self.convs)}, conv={self.convs[0]}'
+                + (f', dropout={self.dropout})' if self.dropout else ')'))
