@@ -8,8 +8,10 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
 FOLDER = 'docs/results/human_seg_long/'
-RUNS = {'MetricMeshFormer (test 90.02)': 'metricformer-seed0-200ep.csv',
-        'DiffusionNet, this harness (test 90.11)': 'diffusionnet-seed0-200ep.csv'}
+RUNS = {'MetricMeshFormer, seed 0 (test 90.02)': 'metricformer-seed0-200ep.csv',
+        'MetricMeshFormer + copies, seed 0 (test 90.47)': 'metricformer-aug1-seed0-200ep.csv',
+        'DiffusionNet, this harness, seed 0 (test 90.11)': 'diffusionnet-seed0-200ep.csv',
+        'DiffusionNet, this harness, seed 1 (test 90.22)': 'diffusionnet-seed1-200ep.csv'}
 
 fig, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
 for label, name in RUNS.items():
@@ -22,6 +24,6 @@ for label, name in RUNS.items():
 loss_axes.set(yscale='log', xlabel='epoch', ylabel='training loss')
 acc_axes.set(xlabel='epoch', ylabel='validation face accuracy (%)', ylim=(90, 98))
 acc_axes.legend(loc='lower right', fontsize=8)
-fig.suptitle('human_seg, 200 epochs, seed 0, 38 training meshes held out')
+fig.suptitle('human_seg, 200 epochs, 38 training meshes held out')
 fig.tight_layout()
 fig.savefig(FOLDER + 'curves-200ep.png', dpi=110)
