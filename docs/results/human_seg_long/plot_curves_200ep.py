@@ -8,10 +8,15 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
 FOLDER = 'docs/results/human_seg_long/'
-RUNS = {'MetricMeshFormer, seed 0 (test 90.02)': 'metricformer-seed0-200ep.csv',
-        'MetricMeshFormer + copies, seed 0 (test 90.47)': 'metricformer-aug1-seed0-200ep.csv',
-        'DiffusionNet, this harness, seed 0 (test 90.11)': 'diffusionnet-seed0-200ep.csv',
-        'DiffusionNet, this harness, seed 1 (test 90.22)': 'diffusionnet-seed1-200ep.csv'}
+RUNS = {
+    'MetricMeshFormer, seed 0 (test 90.02)': 'metricformer-seed0-200ep.csv',
+    'MetricMeshFormer + copies, seed 0 (test 90.47)':
+        'metricformer-aug1-seed0-200ep.csv',
+    'DiffusionNet, this harness, seed 0 (test 90.11)':
+        'diffusionnet-seed0-200ep.csv',
+    'DiffusionNet, this harness, seed 1 (test 90.22)':
+        'diffusionnet-seed1-200ep.csv',
+}
 
 fig, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
 for label, name in RUNS.items():
