@@ -133,7 +133,7 @@ class IPN(torch.nn.Module):
         return h
 
     def __repr__(self) -> str:
+        dropout = f', dropout={self.dropout}' if self.dropout else ''
         return (f'{self.__class__.__name__}({self.lin_in.in_channels}, '
                 f'{self.lin_in.out_channels}, {self.lin_out.out_channels}, '
-                f'num_layers={len(self.convs)}, conv={self.convs[0]}'
-                + (f', dropout={self.dropout})' if self.dropout else ')'))
+                f'num_layers={len(self.convs)}, conv={self.convs[0]}{dropout})')
