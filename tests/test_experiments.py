@@ -225,6 +225,23 @@ def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):
         assert len(history) == 12 or len(history) == best['epoch'] + 5
 
 
+def test_tiny_cora_can_stop_by_the_gat_papers_rule(tmp_path):
+    shutil.copytree(shared_dataset('planetoid') / 'Cora' / 'raw',
+                    tmp_path / 'data' / 'Cora' / 'raw')
+    task = CoraTask(epochs=30, progress=False, root=str(tmp_path / 'data'),
+                    patience=3, early_stopping='val_acc_and_loss')
+    history, final = (task.run('gat', seed=0)[k] for k in ('history', 'final'))
+    acc = [row['val_acc'] for row in history]
+    loss = [row['val_loss'] for row in history]
+    at_best = [(a >= max(acc[:i + 1]), l <= min(loss[:i + 1]))
+               for i, (a, l) in enumerate(zip(acc, loss, strict=True))]
+    best = max(i for i, flags in enumerate(at_best) if all(flags)) + 1
+    progress = max(i for i, flags in enumerate(at_best) if any(flags)) + 1
+    assert final['best_epoch'] == best
+    assert final['test_acc'] == history[best - 1]['test_acc']
+    assert len(history) == 30 or len(history) == progress + 3
+
+
 def test_gat_net_slots():
     x = torch.randn(6, 5)
     edge_index = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])

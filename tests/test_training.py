@@ -136,6 +136,40 @@ def test_early_stopping_and_errors():
         trainer.fit(batches, 1)
 
 
+def test_several_monitors_follow_the_gat_papers_rule(tmp_path):
+    """Best: every monitored metric at least as good as ever (ties count);
+    patience: epochs since any of them last reached its best. Resumes."""
+    scores = [(0.5, 1.0), (0.6, 1.1), (0.6, 0.9), (0.55, 0.95), (0.55, 0.85),
+              (0.5, 1.0), (0.5, 1.0), (0.7, 0.5)]
+
+    def make(out_dir=None):
+        trainer, batches = make_trainer(out_dir, patience=2)
+        trainer.monitor = {'acc': 'max', 'loss': 'min'}
+        epoch = lambda: len(trainer.history)  # noqa: E731 (0-based, evaluating)
+        trainer.evaluate = lambda model: dict(zip(('acc', 'loss'),
+                                                  scores[epoch()], strict=True))
+        return trainer, batches
+
+    trainer, batches = make()
+    history = trainer.fit(batches, 50)
+    # Epoch 3 ties the best accuracy at the best loss; epoch 5's loss is a new
+    # best (progress, not a best epoch); epochs 6-7 improve neither: stop.
+    assert len(history) == 7 and trainer.best_epoch == 3
+    first, batches = make(tmp_path)
+    first.fit(batches, 4)
+    resumed, batches = make(tmp_path)
+    assert len(resumed.fit(batches, 50, resume=True)) == 7
+    assert resumed.best_epoch == 3
+    assert load_verified(tmp_path / 'best.pt')['epoch'] == 3
+    with pytest.raises(ValueError, match="'max' or 'min', got 'up'"):
+        Trainer(torch.nn.Linear(1, 1), None, None, monitor={'acc': 'up'})
+    optimizer = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match='one metric'):
+        Trainer(torch.nn.Linear(1, 1), optimizer, None,
+                scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+                monitor={'acc': 'max', 'loss': 'min'})
+
+
 def test_atomic_and_verified_writes(tmp_path):
     atomic_write_json(tmp_path / 'a' / 'b.json', {'x': 1})
     assert json.loads((tmp_path / 'a' / 'b.json').read_text()) == {'x': 1}

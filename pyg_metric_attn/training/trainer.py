@@ -9,7 +9,7 @@ import io
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,14 @@ class Trainer:
             (``ReduceLROnPlateau`` is given the monitored metric).
         batch_scheduler (optional): An LR scheduler stepped after every
             optimiser step (e.g. a warm-up), alongside ``scheduler``.
-        monitor (str, optional): Metric that decides the best epoch.
-        mode (str, optional): ``'max'`` or ``'min'`` for ``monitor``.
+        monitor (str or dict, optional): Metric that decides the best epoch.
+            Or several, as ``{name: 'max' or 'min'}``: then an epoch is the
+            best where each of them is at least as good as its best so far
+            (ties count), and patience counts the epochs since any of them
+            last reached its best (the rule of the GAT paper's code, with
+            validation accuracy and loss).
+        mode (str, optional): ``'max'`` or ``'min'`` for a single
+            ``monitor``.
         patience (int, optional): Stop after this many epochs without a
             better ``monitor`` value.
         out_dir (str or Path, optional): Where ``metrics.json``,
@@ -91,7 +97,8 @@ class Trainer:
     """
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  step: StepFn, evaluate: EvaluateFn | None = None,
-                 scheduler: Any = None, monitor: str | None = None,
+                 scheduler: Any = None,
+                 monitor: str | Mapping[str, str] | None = None,
                  mode: str = 'max', patience: int | None = None,
                  out_dir: str | Path | None = None, grad_clip: float | None = None,
                  progress: bool = True, desc: str = 'train',
@@ -99,8 +106,16 @@ class Trainer:
                  checkpoint_extras: dict[str, Any] | None = None,
                  distributed: DistributedContext | None = None,
                  placement: Placement | None = None):
-        if mode not in ('max', 'min'):
-            raise ValueError(f"'mode' must be 'max' or 'min', got '{mode}'")
+        modes = monitor.values() if isinstance(monitor, Mapping) else [mode]
+        for value in modes:
+            if value not in ('max', 'min'):
+                raise ValueError(f"'mode' must be 'max' or 'min', got '{value}'")
+        if isinstance(monitor, Mapping):
+            if not monitor:
+                raise ValueError("'monitor' names no metric")
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise ValueError("ReduceLROnPlateau follows one metric: give "
+                                 "'monitor' as one metric name")
         if patience is not None and monitor is None:
             raise ValueError("'patience' needs a 'monitor' metric")
         self.placement = placement
@@ -161,7 +176,7 @@ class Trainer:
             bar.set_postfix({k: f'{v:.4g}' for k, v in row.items()
                              if k not in ('epoch', 'epoch_seconds', 'lr')})
             if self.patience is not None and self.best_epoch is not None \
-                    and epoch - self.best_epoch >= self.patience:
+                    and epoch - self._last_progress() >= self.patience:
                 break
         bar.close()
         return self.history
@@ -202,9 +217,18 @@ class Trainer:
     def _update_best(self, row: dict[str, float]) -> bool:
         if self.monitor is None:
             return False
-        if self.monitor not in row:
-            raise KeyError(f"Monitored metric '{self.monitor}' is not among the "
-                           f"evaluation metrics {sorted(row)}")
+        names = (list(self.monitor) if isinstance(self.monitor, Mapping)
+                 else [self.monitor])
+        for name in names:
+            if name not in row:
+                raise KeyError(f"Monitored metric '{name}' is not among the "
+                               f"evaluation metrics {sorted(row)}")
+        if isinstance(self.monitor, Mapping):
+            if not all(_reached_best(self.history, name, mode)[-1]
+                       for name, mode in self.monitor.items()):
+                return False
+            self.best_epoch = int(row['epoch'])
+            return True
         value = row[self.monitor]
         if self.best_epoch is not None:
             best = self.history[self.best_epoch - 1][self.monitor]
@@ -213,6 +237,17 @@ class Trainer:
                 return False
         self.best_epoch = int(row['epoch'])
         return True
+
+    def _last_progress(self) -> int:
+        """The last epoch that improved the monitored metric (for several:
+        where any of them reached its best so far)."""
+        if not isinstance(self.monitor, Mapping):
+            return self.best_epoch
+        reached = [_reached_best(self.history, name, mode)
+                   for name, mode in self.monitor.items()]
+        return max(int(row['epoch'])
+                   for row, *flags in zip(self.history, *reached, strict=True)
+                   if any(flags))
 
     def _step_scheduler(self, row: dict[str, float]) -> None:
         if self.scheduler is None:
@@ -348,6 +383,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state['numpy']
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos,
                          has_gauss, cached))
+
+
+def _reached_best(history: list[dict[str, float]], name: str,
+                  mode: str) -> list[bool]:
+    """For each epoch of ``history``: whether its ``name`` was at least as
+    good as every earlier epoch's (NaN never is)."""
+    flags, best = [], None
+    for row in history:
+        value = row[name]
+        flag = not math.isnan(value) and (
+            best is None or (value >= best if mode == 'max' else value <= best))
+        if flag:
+            best = value
+        flags.append(flag)
+    return flags
 
 
 def _to_csv(rows: list[dict[str, float]]) -> str:

@@ -9,11 +9,15 @@ the public split (20 labels per class, 500 validation, 1000 test nodes).
 Early stopping on the validation set: the best epoch has the highest
 validation accuracy (ties: lowest validation loss), training stops after
 ``patience`` epochs without a better one, and the reported test accuracy is
-the one of the best epoch. ``'gat'`` is PyG's
-:class:`~torch_geometric.nn.conv.GATConv`; ``'metric'``, ``'l2'`` and
-``'dot'`` put :class:`~pyg_metric_attn.nn.conv.MetricAttentionConv` into the
-same two slots, with its own options (``time_scale``, ``metric_channels``,
-...) from the task options.
+the one of the best epoch. ``early_stopping='val_acc_and_loss'`` takes the
+rule of the GAT paper's code instead: the best epoch is the last one where
+validation accuracy and loss were both at least as good as ever before, and
+training stops after ``patience`` epochs in which neither reached its best.
+``'gat'`` is PyG's :class:`~torch_geometric.nn.conv.GATConv`; ``'metric'``,
+``'l2'`` and ``'dot'`` put
+:class:`~pyg_metric_attn.nn.conv.MetricAttentionConv` into the same two
+slots, with its own options (``time_scale``, ``metric_channels``, ...) from
+the task options.
 """
 from __future__ import annotations
 
@@ -127,6 +131,9 @@ class PlanetoidConfig(TaskConfig):
     weight_decay: float = setting(5e-4, ge=0)
     #: Epochs without a better validation score before training stops.
     patience: int = setting(100, ge=1)
+    #: 'val_acc': best validation accuracy (ties: loss); 'val_acc_and_loss':
+    #: the GAT paper's code (both at their best; patience while neither is).
+    early_stopping: Literal['val_acc', 'val_acc_and_loss'] = 'val_acc'
     time_scale: float | Literal['matched'] = setting(1.0, gt=0)
     learn_time_scale: bool = False
     metric_channels: int | None = setting(None, ge=1)
@@ -198,7 +205,9 @@ class PlanetoidTask(Task):
                                      - 1e-6 * min(metrics['val_loss'], 100.0))
             return metrics
 
-        trainer = Trainer(model, optimizer, step, evaluate, monitor='val_select',
+        monitor = ('val_select' if c.early_stopping == 'val_acc'
+                   else {'val_acc': 'max', 'val_loss': 'min'})
+        trainer = Trainer(model, optimizer, step, evaluate, monitor=monitor,
                           mode='max', patience=c.patience,
                           progress=self.progress, placement=self.placement,
                           desc=f'{self.name} {attention} seed {seed}')
