@@ -13,7 +13,11 @@ import trimesh
 from pyg_metric_attn.cli import main
 from pyg_metric_attn.datasets import PerturbedMeshes, SyntheticHumans, mesh_data
 from pyg_metric_attn.geometry import PERTURBATIONS, perturb_mesh
-from pyg_metric_attn.geometry.perturbations import JITTER, MAX_STRETCH
+from pyg_metric_attn.geometry.perturbations import (
+    JITTER,
+    MAX_STRETCH,
+    PERTURBATION_VERSIONS,
+)
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -64,14 +68,31 @@ def test_perturbations_keep_the_surface_and_map_faces_back(kind):
         perturb_mesh(pos, face, 'twist', np.random.default_rng(0))
 
 
-def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path):
+def test_subdivided_faces_stem_from_the_face_they_split():
+    """Loop subdivision splits every face in four: each new face's source is
+    that face, not the nearest centroid after Loop's smoothing (which is a
+    neighbour for many faces, and carries its label across segment borders)."""
+    pos, face, labels = labelled_capsule()
+    rng = np.random.default_rng(0)
+    pos = pos + rng.normal(0, 0.02, pos.shape)  # uneven triangles
+    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision', rng)
+    np.testing.assert_array_equal(source, np.repeat(np.arange(len(face)), 4))
+    # Each corner of a new face is a corner of its source or the midpoint
+    # of one of the source's edges (before smoothing: the new face lies in it).
+    for f in range(0, len(new_face), 97):
+        corners = [c for c in new_face[f] if c < len(pos)]
+        assert set(corners) <= set(face[source[f]])
+
+
+def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path,
+                                                            monkeypatch):
     pos, face, labels = labelled_capsule()
     meshes = [PREPROCESS(mesh_data(pos, face, 'capsule', face_labels=labels))]
     first = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
                             pre_transform=PREPROCESS, num_workers=1, log=False)
     copy = first[0]
     assert torch.equal(copy.y, meshes[0].y[copy.source_face])
-    files = sorted(tmp_path.rglob('decimation_seed3_*.pt'))
+    files = sorted(tmp_path.rglob('decimation-v1_seed3_*.pt'))
     assert len(files) == 1
     written = files[0].stat().st_mtime_ns
     again = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
@@ -87,7 +108,14 @@ def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path):
         repaired = PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
                                    pre_transform=PREPROCESS, num_workers=1,
                                    log=False)
+    repaired_at = files[0].stat().st_mtime_ns
     assert torch.equal(repaired[0].pos, copy.pos)
+    # A new version of the perturbation is made anew beside the old cache.
+    monkeypatch.setitem(PERTURBATION_VERSIONS, 'decimation', 2)
+    PerturbedMeshes(tmp_path, meshes, 'decimation', seed=3,
+                    pre_transform=PREPROCESS, num_workers=1, log=False)
+    assert len(list(tmp_path.rglob('decimation-v2_seed3_*.pt'))) == 1
+    assert files[0].stat().st_mtime_ns == repaired_at
     with pytest.raises(ValueError, match="Unknown perturbation 'twist'"):
         PerturbedMeshes(tmp_path, meshes, 'twist')
 
@@ -121,5 +149,5 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert '| renumbering |' in (out / 'summary.md').read_text()
     assert sorted(p.name.split('_seed')[0] for p in
                   (root / 'processed').rglob('robustness/*/*_seed0_*.pt')) == \
-        sorted(PERTURBATIONS)
+        sorted(f'{kind}-v{PERTURBATION_VERSIONS[kind]}' for kind in PERTURBATIONS)
     assert 'worst' in capsys.readouterr().out

@@ -14,7 +14,11 @@ import torch
 from torch_geometric.data import Data
 
 from pyg_metric_attn.datasets.mesh_dataset import MeshDataset
-from pyg_metric_attn.geometry.perturbations import PERTURBATIONS, perturb_mesh
+from pyg_metric_attn.geometry.perturbations import (
+    PERTURBATION_VERSIONS,
+    PERTURBATIONS,
+    perturb_mesh,
+)
 
 
 def meshes_fingerprint(meshes: Sequence[Data]) -> str:
@@ -39,10 +43,11 @@ class PerturbedMeshes(MeshDataset):
     the same meshes and seed. Every copy keeps its original's ``name``, has
     ``y`` carried from the original's face labels and ``source_face``
     ``[F]``, the original's face each face stems from (exact where the
-    connectivity is kept, else the nearest centroid). The processed file
-    (atomic, verified on load) is named by the perturbation, the seed and
-    the first 16 hex digits of :func:`meshes_fingerprint`, so other meshes
-    or seeds never read it.
+    connectivity is kept or refined, else the nearest centroid). The
+    processed file (atomic, verified on load) is named by the perturbation
+    and its version (:data:`~pyg_metric_attn.geometry.perturbations.PERTURBATION_VERSIONS`),
+    the seed and the first 16 hex digits of :func:`meshes_fingerprint`, so
+    other meshes, seeds or versions never read it.
 
     Args:
         root (str): Folder of the processed files (``root/TAG/``, ``TAG``
@@ -74,7 +79,8 @@ class PerturbedMeshes(MeshDataset):
 
     @property
     def processed_file_names(self) -> list[str]:
-        return [f'{self.perturbation}_seed{self.seed}_'
+        version = PERTURBATION_VERSIONS[self.perturbation]
+        return [f'{self.perturbation}-v{version}_seed{self.seed}_'
                 f'{self.fingerprint[:16]}.pt']
 
     def raw_meshes(self) -> Iterator[dict[str, Any]]:

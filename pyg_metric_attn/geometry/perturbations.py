@@ -18,6 +18,10 @@ from pyg_metric_attn.utils.optional import needs_extra
 #: The perturbations of :func:`perturb_mesh`, in the order results list them.
 PERTURBATIONS = ('subdivision', 'decimation', 'anisotropic_scaling', 'jitter',
                  'rotation', 'renumbering')
+#: The version of each perturbation's meshes and correspondence, raised where
+#: they change so that no cache of the older ones is read (subdivision 2: the
+#: sources of the new faces are exact, no longer the nearest centroids).
+PERTURBATION_VERSIONS = {**dict.fromkeys(PERTURBATIONS, 1), 'subdivision': 2}
 #: Share of the faces decimation keeps, drawn uniformly per mesh.
 DECIMATION_KEPT = (0.5, 0.7)
 #: Largest stretch of the anisotropic scaling (of one random axis).
@@ -27,13 +31,24 @@ JITTER = 0.01
 
 
 def loop_subdivision(pos: np.ndarray, face: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One step of Loop subdivision (trimesh): every triangle split in four,
-    vertices moved by Loop's smoothing weights."""
+    vertices moved by Loop's smoothing weights. Returns ``(pos, face,
+    source_face)``, ``source_face[f]`` the original face that face ``f``
+    was split from (exact: trimesh writes the four faces of original face
+    ``i`` as rows ``4i`` to ``4i + 3``, checked here)."""
     with needs_extra('mesh'):
         import trimesh
     new_pos, new_face = trimesh.remesh.subdivide_loop(pos, face, iterations=1)
-    return np.asarray(new_pos, dtype=np.float64), np.asarray(new_face, np.int64)
+    new_face = np.asarray(new_face, np.int64)
+    source = np.repeat(np.arange(len(face)), 4)
+    # Rows 4i, 4i + 1, 4i + 2 hold the corners of face i, in its order.
+    corners = new_face.reshape(-1, 4, 3)[:, [0, 1, 2], [0, 1, 2]]
+    if len(new_face) != 4 * len(face) or not np.array_equal(corners, face):
+        raise RuntimeError("trimesh's subdivide_loop no longer writes the four "
+                           "faces of face i as rows 4i to 4i + 3: the faces' "
+                           "sources cannot be read off")
+    return np.asarray(new_pos, dtype=np.float64), new_face, source
 
 
 def decimate(pos: np.ndarray, face: np.ndarray,
@@ -68,7 +83,7 @@ def perturb_mesh(pos: np.ndarray, face: np.ndarray, kind: str,
     :data:`PERTURBATIONS`, with random draws from ``rng``:
 
     * ``'subdivision'``: one step of :func:`loop_subdivision` (four times the
-      faces);
+      faces, each in the face it was split from);
     * ``'decimation'``: :func:`decimate` to a share of the faces drawn
       uniformly from :data:`DECIMATION_KEPT`;
     * ``'anisotropic_scaling'``: one random coordinate axis stretched by a
@@ -83,15 +98,15 @@ def perturb_mesh(pos: np.ndarray, face: np.ndarray, kind: str,
     Returns ``(pos, face, source_face)``: ``source_face[f]`` is the face of
     the original that face ``f`` of the new mesh stems from, for carrying
     labels and comparing predictions: exact where the connectivity is kept
-    (the face itself; renumbering: its old number), else the face with the
-    nearest centroid (:func:`nearest_faces`).
+    (the face itself; renumbering: its old number) or refined (subdivision:
+    the face it was split from), else (decimation) the face with the nearest
+    centroid (:func:`nearest_faces`).
     """
     pos = np.asarray(pos, dtype=np.float64)
     face = np.asarray(face, dtype=np.int64)
     same_faces = np.arange(len(face))
     if kind == 'subdivision':
-        new_pos, new_face = loop_subdivision(pos, face)
-        return new_pos, new_face, nearest_faces(pos, face, new_pos, new_face)
+        return loop_subdivision(pos, face)
     if kind == 'decimation':
         new_pos, new_face = decimate(pos, face, rng.uniform(*DECIMATION_KEPT))
         if len(new_face) == 0:
