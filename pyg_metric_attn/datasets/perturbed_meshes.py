@@ -45,7 +45,7 @@ class PerturbedMeshes(MeshDataset):
     ``[F]``, the original's face each face stems from (exact where the
     connectivity is kept or refined, else the nearest centroid). The
     processed file (atomic, verified on load) is named by the perturbation
-    and its version (:data:`~pyg_metric_attn.geometry.perturbations.PERTURBATION_VERSIONS`),
+    and its version (:data:`~pyg_metric_attn.geometry.PERTURBATION_VERSIONS`),
     the seed and the first 16 hex digits of :func:`meshes_fingerprint`, so
     other meshes, seeds or versions never read it.
 

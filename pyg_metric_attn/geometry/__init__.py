@@ -29,6 +29,7 @@ from pyg_metric_attn.geometry.mesh import (
     vertex_to_face_averaging,
 )
 from pyg_metric_attn.geometry.perturbations import (
+    PERTURBATION_VERSIONS,
     PERTURBATIONS,
     decimate,
     loop_subdivision,
@@ -42,7 +43,8 @@ from pyg_metric_attn.geometry.spectral import (
 )
 
 __all__ = [
-    'PERTURBATIONS', 'MeshError', 'OperatorCache', 'check_mesh', 'cotan_laplacian',
+    'PERTURBATIONS', 'PERTURBATION_VERSIONS', 'MeshError', 'OperatorCache',
+    'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
     'decimate', 'hks_times', 'is_edge_manifold', 'laplacian',
