@@ -151,3 +151,10 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
                   (root / 'processed').rglob('robustness/*/*_seed0_*.pt')) == \
         sorted(f'{kind}-v{PERTURBATION_VERSIONS[kind]}' for kind in PERTURBATIONS)
     assert 'worst' in capsys.readouterr().out
+    # The feature drift of the same run: each stage of the model, at the
+    # original vertices; none for a rotation of these HKS inputs.
+    from benchmarks.mesh_feature_drift import drift
+    changes = drift(str(run), ['jitter', 'rotation'])
+    assert list(changes['jitter']) == ['input', '0.out', 'logits']
+    assert all(value > 1e-3 for value in changes['jitter'].values())
+    assert all(value < 1e-4 for value in changes['rotation'].values())

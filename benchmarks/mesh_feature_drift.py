@@ -1,0 +1,155 @@
+"""Where a trained human_seg model's features move when the test meshes are
+made differently: for each perturbation that keeps the original vertices
+(loop subdivision keeps them as its first vertices, moved by Loop's
+smoothing; jitter, anisotropic scaling and rotation move them in place),
+the change of the input features, of the features after each block (after
+each step of a MetricMeshFormer block: diffusion, local attention, global
+attention, FFN) and of the vertex logits, at the original vertices,
+relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over the test meshes).
+
+    python benchmarks/mesh_feature_drift.py RUN [RUN ...] \
+        [--perturbations subdivision,jitter] [--out FOLDER]
+
+``RUN``: folders written by ``pyg-metric-attn train human_seg`` (MetricMeshFormer
+or DiffusionNet); the perturbed test meshes are those of ``experiment
+human_seg_robust`` (seed 0), read from or written to the run's processed
+folder. Writes ``drift.md`` and ``drift.png`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pyg_metric_attn.datasets import PerturbedMeshes
+from pyg_metric_attn.experiments.run_folder import load_run
+from pyg_metric_attn.nn.models import DiffusionNet, MetricMeshFormer
+
+#: Perturbations whose meshes keep the original vertices first, in order.
+SAME_VERTICES = ('subdivision', 'anisotropic_scaling', 'jitter', 'rotation')
+#: The LayerNorms in front of each step of a MetricMeshFormer block: their
+#: input is the features after the step before.
+FORMER_STEPS = (('norm_local', 'diffusion'), ('norm_global', 'local'),
+                ('norm_ffn', 'global'))
+
+
+def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor]:
+    """The input features, the features after every block (and every step
+    of a former block) and the logits of one mesh, by stage name."""
+    stages = {'input': task.inputs(mesh)}
+    hooks = []
+    for b, block in enumerate(model.blocks):
+        if isinstance(model, MetricMeshFormer):
+            for norm, step in FORMER_STEPS:
+                if getattr(block, norm) is not None:
+                    hooks.append(getattr(block, norm).register_forward_hook(
+                        lambda module, args, out, name=f'{b}.{step}':
+                        stages.__setitem__(name, args[0])))
+        hooks.append(block.register_forward_hook(
+            lambda module, args, out, name=f'{b}.out':
+            stages.__setitem__(name, out)))
+    try:
+        with torch.no_grad():
+            stages['logits'] = task.forward(model, mesh)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return stages
+
+
+def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
+    """``{perturbation: {stage: mean relative change}}`` of one run."""
+    task, model, description = load_run(run, 'human_seg', {},
+                                        command='mesh_feature_drift')
+    if not isinstance(model, (MetricMeshFormer, DiffusionNet)):
+        raise ValueError(f"'{run}' is not a MetricMeshFormer or DiffusionNet run")
+    model.eval()
+    test = task.split_meshes('test')
+    root = Path(test.processed_root) / 'robustness'
+    originals = [stage_features(task, model, mesh) for mesh in test]
+    result = {}
+    for perturbation in perturbations:
+        copies = PerturbedMeshes(root, test, perturbation, 0,
+                                 pre_transform=task.preprocessing,
+                                 num_workers=task.config.num_workers, log=False)
+        changes: dict[str, list[float]] = {}
+        for original, copy in tqdm(list(zip(originals, copies, strict=True)),
+                                   desc=f'{Path(run).name} {perturbation}'):
+            moved = stage_features(task, model, copy)
+            count = original['input'].size(0)
+            for name, features in original.items():
+                change = (moved[name][:count] - features).norm() / features.norm()
+                changes.setdefault(name, []).append(float(change))
+        result[perturbation] = {name: float(np.mean(values))
+                                for name, values in changes.items()}
+    print(description)
+    return result
+
+
+def stage_names(results: dict[str, dict[str, dict[str, float]]],
+                perturbation: str) -> list[str]:
+    """Every run's stages of ``perturbation``, in order of appearance."""
+    names = {name: None for result in results.values()
+             for name in result[perturbation]}
+    return list(names)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument('runs', nargs='+', metavar='RUN')
+    parser.add_argument('--perturbations', default='subdivision,jitter',
+                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
+    parser.add_argument('--out', default='runs/mesh_feature_drift')
+    parser.add_argument('--threads', type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    perturbations = args.perturbations.split(',')
+    unknown = sorted(set(perturbations) - set(SAME_VERTICES))
+    if unknown:
+        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
+                     f"original vertices")
+    results = {run: drift(run, perturbations) for run in args.runs}
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ['Relative change of the features at the original vertices '
+             '(mean over the test meshes).', '']
+    for perturbation in perturbations:
+        stages = stage_names(results, perturbation)
+        lines += [f'{perturbation}:', '',
+                  '| run | ' + ' | '.join(stages) + ' |',
+                  '|---|' + '---|' * len(stages)]
+        for run, result in results.items():
+            row = result[perturbation]
+            lines.append(f'| {Path(run).name} | '
+                         + ' | '.join(f'{row.get(s, float("nan")):.3f}'
+                                      for s in stages) + ' |')
+        lines.append('')
+    (out / 'drift.md').write_text('\n'.join(lines))
+    print('\n'.join(lines))
+
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(perturbations), squeeze=False,
+                             figsize=(6 * len(perturbations), 4))
+    for ax, perturbation in zip(axes[0], perturbations, strict=True):
+        stages = stage_names(results, perturbation)
+        for run, result in results.items():
+            row = result[perturbation]
+            ax.plot([stages.index(s) for s in row], list(row.values()),
+                    marker='o', label=Path(run).name)
+        ax.set_xticks(range(len(stages)), stages, rotation=70, fontsize=7)
+        ax.set_title(perturbation)
+        ax.set_ylabel('relative change at the original vertices')
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / 'drift.png', dpi=120)
+
+
+if __name__ == '__main__':
+    main()
