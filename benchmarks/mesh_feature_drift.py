@@ -5,7 +5,8 @@ smoothing; jitter, anisotropic scaling and rotation move them in place),
 the change of the input features, of the features after each block (after
 each step of a MetricMeshFormer block: diffusion, local attention, global
 attention, FFN) and of the vertex logits, at the original vertices,
-relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over the test meshes).
+relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over
+the test meshes).
 
     python benchmarks/mesh_feature_drift.py RUN [RUN ...] \
         [--perturbations subdivision,jitter] [--out FOLDER]
@@ -13,11 +14,12 @@ relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over the t
 ``RUN``: folders written by ``pyg-metric-attn train human_seg`` (MetricMeshFormer
 or DiffusionNet); the perturbed test meshes are those of ``experiment
 human_seg_robust`` (seed 0), read from or written to the run's processed
-folder. Writes ``drift.md`` and ``drift.png`` to ``--out``.
+folder. Writes ``drift.md``, ``drift.json`` and ``drift.png`` to ``--out``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -126,10 +128,11 @@ def main() -> None:
         for run, result in results.items():
             row = result[perturbation]
             lines.append(f'| {Path(run).name} | '
-                         + ' | '.join(f'{row.get(s, float("nan")):.3f}'
+                         + ' | '.join(f'{row[s]:.3f}' if s in row else '-'
                                       for s in stages) + ' |')
         lines.append('')
     (out / 'drift.md').write_text('\n'.join(lines))
+    (out / 'drift.json').write_text(json.dumps(results, indent=1))
     print('\n'.join(lines))
 
     import matplotlib
