@@ -62,8 +62,9 @@ def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor
     return stages
 
 
-def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
-    """``{perturbation: {stage: mean relative change}}`` of one run."""
+def load(run: str, perturbations: list[str]) -> tuple:
+    """``(task, model, description, test meshes, {perturbation: copies})``
+    of a run."""
     task, model, description = load_run(run, 'human_seg', {},
                                         command='mesh_feature_drift')
     if not isinstance(model, (MetricMeshFormer, DiffusionNet)):
@@ -71,15 +72,23 @@ def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
     model.eval()
     test = task.split_meshes('test')
     root = Path(test.processed_root) / 'robustness'
+    copies = {perturbation: PerturbedMeshes(
+        root, test, perturbation, 0, pre_transform=task.preprocessing,
+        num_workers=task.config.num_workers, log=False)
+        for perturbation in perturbations}
+    return task, model, description, test, copies
+
+
+def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
+    """``{perturbation: {stage: mean relative change}}`` of one run."""
+    task, model, description, test, copies = load(run, perturbations)
     originals = [stage_features(task, model, mesh) for mesh in test]
     result = {}
     for perturbation in perturbations:
-        copies = PerturbedMeshes(root, test, perturbation, 0,
-                                 pre_transform=task.preprocessing,
-                                 num_workers=task.config.num_workers, log=False)
         changes: dict[str, list[float]] = {}
-        for original, copy in tqdm(list(zip(originals, copies, strict=True)),
-                                   desc=f'{Path(run).name} {perturbation}'):
+        for original, copy in tqdm(
+                list(zip(originals, copies[perturbation], strict=True)),
+                desc=f'{Path(run).name} {perturbation}'):
             moved = stage_features(task, model, copy)
             count = original['input'].size(0)
             for name, features in original.items():
@@ -88,6 +97,24 @@ def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
         result[perturbation] = {name: float(np.mean(values))
                                 for name, values in changes.items()}
     print(description)
+    return result
+
+
+def mesh_changes(run: str, perturbations: list[str]
+                 ) -> dict[str, dict[str, float]]:
+    """``{perturbation: {quantity: mean relative change}}`` of the run's
+    test meshes: the surface area (the sum of the lumped vertex masses) and
+    the largest eigenvalue of the operators' Laplacian spectrum."""
+    _, _, _, test, copies = load(run, perturbations)
+    result = {}
+    for perturbation in perturbations:
+        pairs = list(zip(test, copies[perturbation], strict=True))
+        result[perturbation] = {
+            'area': float(np.mean([float(b.mass.sum() / a.mass.sum()) - 1
+                                   for a, b in pairs])),
+            'largest eigenvalue': float(np.mean(
+                [float(b.evals[..., -1].max() / a.evals[..., -1].max()) - 1
+                 for a, b in pairs]))}
     return result
 
 
@@ -115,11 +142,16 @@ def main() -> None:
         parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
                      f"original vertices")
     results = {run: drift(run, perturbations) for run in args.runs}
+    meshes = mesh_changes(args.runs[0], perturbations)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ['Relative change of the features at the original vertices '
-             '(mean over the test meshes).', '']
+    lines = ['Relative change of the test meshes (mean over the meshes):', '',
+             '| perturbation | area | largest eigenvalue |', '|---|---|---|']
+    lines += [f"| {p} | {m['area']:+.4f} | {m['largest eigenvalue']:+.4f} |"
+              for p, m in meshes.items()]
+    lines += ['', 'Relative change of the features at the original vertices '
+              '(mean over the test meshes).', '']
     for perturbation in perturbations:
         stages = stage_names(results, perturbation)
         lines += [f'{perturbation}:', '',
@@ -132,7 +164,8 @@ def main() -> None:
                                       for s in stages) + ' |')
         lines.append('')
     (out / 'drift.md').write_text('\n'.join(lines))
-    (out / 'drift.json').write_text(json.dumps(results, indent=1))
+    (out / 'drift.json').write_text(json.dumps(
+        {'features': results, 'meshes': meshes}, indent=1))
     print('\n'.join(lines))
 
     import matplotlib
