@@ -12,6 +12,10 @@ RUNS = {
     'MetricMeshFormer, seed 0 (test 90.02)': 'metricformer-seed0-200ep.csv',
     'MetricMeshFormer + copies, seed 0 (test 90.47)':
         'metricformer-aug1-seed0-200ep.csv',
+    'MetricMeshFormer + copies, seed 1 (test 90.98)':
+        'metricformer-aug1-seed1-200ep.csv',
+    'MetricMeshFormer + copies, seed 2 (test 90.82)':
+        'metricformer-aug1-seed2-200ep.csv',
     'DiffusionNet, this harness, seed 0 (test 90.11)':
         'diffusionnet-seed0-200ep.csv',
     'DiffusionNet, this harness, seed 1 (test 90.22)':
