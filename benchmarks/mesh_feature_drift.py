@@ -79,43 +79,37 @@ def load(run: str, perturbations: list[str]) -> tuple:
     return task, model, description, test, copies
 
 
-def drift(run: str, perturbations: list[str]) -> dict[str, dict[str, float]]:
-    """``{perturbation: {stage: mean relative change}}`` of one run."""
+def drift(run: str, perturbations: list[str]
+          ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """``(features, meshes)`` of one run: ``{perturbation: {stage: mean
+    relative change}}`` of its features, and ``{perturbation: {quantity:
+    mean relative change}}`` of its test meshes, the surface area (the sum
+    of the lumped vertex masses) and the largest eigenvalue of the
+    operators' Laplacian spectrum."""
     task, model, description, test, copies = load(run, perturbations)
     originals = [stage_features(task, model, mesh) for mesh in test]
-    result = {}
+    features, meshes = {}, {}
     for perturbation in perturbations:
+        pairs = list(zip(test, copies[perturbation], strict=True))
         changes: dict[str, list[float]] = {}
         for original, copy in tqdm(
                 list(zip(originals, copies[perturbation], strict=True)),
                 desc=f'{Path(run).name} {perturbation}'):
             moved = stage_features(task, model, copy)
             count = original['input'].size(0)
-            for name, features in original.items():
-                change = (moved[name][:count] - features).norm() / features.norm()
+            for name, values in original.items():
+                change = (moved[name][:count] - values).norm() / values.norm()
                 changes.setdefault(name, []).append(float(change))
-        result[perturbation] = {name: float(np.mean(values))
-                                for name, values in changes.items()}
-    print(description)
-    return result
-
-
-def mesh_changes(run: str, perturbations: list[str]
-                 ) -> dict[str, dict[str, float]]:
-    """``{perturbation: {quantity: mean relative change}}`` of the run's
-    test meshes: the surface area (the sum of the lumped vertex masses) and
-    the largest eigenvalue of the operators' Laplacian spectrum."""
-    _, _, _, test, copies = load(run, perturbations)
-    result = {}
-    for perturbation in perturbations:
-        pairs = list(zip(test, copies[perturbation], strict=True))
-        result[perturbation] = {
+        features[perturbation] = {name: float(np.mean(values))
+                                  for name, values in changes.items()}
+        meshes[perturbation] = {
             'area': float(np.mean([float(b.mass.sum() / a.mass.sum()) - 1
                                    for a, b in pairs])),
             'largest eigenvalue': float(np.mean(
                 [float(b.evals[..., -1].max() / a.evals[..., -1].max()) - 1
                  for a, b in pairs]))}
-    return result
+    print(description)
+    return features, meshes
 
 
 def stage_names(results: dict[str, dict[str, dict[str, float]]],
@@ -141,8 +135,9 @@ def main() -> None:
     if unknown:
         parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
                      f"original vertices")
-    results = {run: drift(run, perturbations) for run in args.runs}
-    meshes = mesh_changes(args.runs[0], perturbations)
+    results, meshes = {}, None
+    for run in args.runs:  # the same test meshes for every run
+        results[run], meshes = drift(run, perturbations)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

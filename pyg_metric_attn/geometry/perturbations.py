@@ -43,8 +43,8 @@ def loop_subdivision(pos: np.ndarray, face: np.ndarray
     new_face = np.asarray(new_face, np.int64)
     source = np.repeat(np.arange(len(face)), 4)
     # Rows 4i, 4i + 1, 4i + 2 hold the corners of face i, in its order.
-    corners = new_face.reshape(-1, 4, 3)[:, [0, 1, 2], [0, 1, 2]]
-    if len(new_face) != 4 * len(face) or not np.array_equal(corners, face):
+    if len(new_face) != 4 * len(face) or not np.array_equal(
+            new_face.reshape(-1, 4, 3)[:, [0, 1, 2], [0, 1, 2]], face):
         raise RuntimeError("trimesh's subdivide_loop no longer writes the four "
                            "faces of face i as rows 4i to 4i + 3: the faces' "
                            "sources cannot be read off")

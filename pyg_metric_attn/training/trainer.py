@@ -138,6 +138,8 @@ class Trainer:
         self.desc = desc
         self.history: list[dict[str, float]] = []
         self.best_epoch: int | None = None
+        # Several monitored metrics: the last epoch where any reached its best.
+        self._progress_epoch: int | None = None
 
     @property
     def best(self) -> dict[str, float] | None:
@@ -224,8 +226,13 @@ class Trainer:
                 raise KeyError(f"Monitored metric '{name}' is not among the "
                                f"evaluation metrics {sorted(row)}")
         if isinstance(self.monitor, Mapping):
-            if not all(_reached_best(self.history, name, mode)[-1]
-                       for name, mode in self.monitor.items()):
+            reached = [_reached_best(self.history, name, mode)
+                       for name, mode in self.monitor.items()]
+            self._progress_epoch = max(
+                (int(past['epoch']) for past, *flags
+                 in zip(self.history, *reached, strict=True) if any(flags)),
+                default=None)
+            if not all(flags[-1] for flags in reached):
                 return False
             self.best_epoch = int(row['epoch'])
             return True
@@ -240,14 +247,11 @@ class Trainer:
 
     def _last_progress(self) -> int:
         """The last epoch that improved the monitored metric (for several:
-        where any of them reached its best so far)."""
-        if not isinstance(self.monitor, Mapping):
-            return self.best_epoch
-        reached = [_reached_best(self.history, name, mode)
-                   for name, mode in self.monitor.items()]
-        return max(int(row['epoch'])
-                   for row, *flags in zip(self.history, *reached, strict=True)
-                   if any(flags))
+        where any of them reached its best so far, found by
+        :meth:`_update_best`)."""
+        if isinstance(self.monitor, Mapping):
+            return self._progress_epoch
+        return self.best_epoch
 
     def _step_scheduler(self, row: dict[str, float]) -> None:
         if self.scheduler is None:
