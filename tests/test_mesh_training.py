@@ -117,6 +117,21 @@ def test_global_attention_attends_to_the_marked_vertices():
               batch)
 
 
+def test_former_without_local_attention_does_not_read_the_mesh_edges():
+    torch.manual_seed(0)
+    x = torch.randn(12, 5)
+    ring = torch.stack([torch.arange(12), torch.arange(12).roll(1)])
+    other = torch.stack([torch.arange(12), torch.arange(12).roll(5)])
+    for local in (True, False):
+        model = MetricMeshFormer(5, 3, hidden_channels=16, heads=2,
+                                 num_layers=2, local_attention=local)
+        assert (model.blocks[0].local is not None) == local
+        changed = not torch.allclose(model(x, ring), model(x, other))
+        assert changed == local
+    # The global step alone: the output is the same for any edges.
+    assert not any('local' in name for name, _ in model.named_parameters())
+
+
 def test_former_global_attention_measures_at_the_head_width():
     # MetricMultiheadAttention's default metric width is one less than the
     # head width; the former keeps the head width, which its results and

@@ -33,8 +33,10 @@ class MetricMeshFormerBlock(torch.nn.Module):
     .. math::
         h &\leftarrow h + W \, \mathrm{HeatDiffusion}(\mathrm{LN}(h))
             \quad (\text{optional}) \\
-        h &\leftarrow h + \mathrm{LocalMetricAttn}(\mathrm{LN}(h), E) \\
-        h &\leftarrow h + \mathrm{GlobalMetricAttn}(\mathrm{LN}(h)) \\
+        h &\leftarrow h + \mathrm{LocalMetricAttn}(\mathrm{LN}(h), E)
+            \quad (\text{optional}) \\
+        h &\leftarrow h + \mathrm{GlobalMetricAttn}(\mathrm{LN}(h))
+            \quad (\text{optional}) \\
         h &\leftarrow h + \mathrm{FFN}(\mathrm{LN}(h)),
 
     the local step a multi-head :class:`MetricAttentionConv` over the mesh
@@ -57,6 +59,10 @@ class MetricMeshFormerBlock(torch.nn.Module):
         dropout (float): Dropout on the residual branches and in the FFN.
             (default: :obj:`0.0`)
         global_attention (bool): Add the global step. (default: :obj:`True`)
+        local_attention (bool): Add the local step (without it the block
+            reads the mesh only through the diffusion and gradient steps,
+            which do not depend on how finely the surface is meshed).
+            (default: :obj:`True`)
         metric (str): ``'metric'``, ``'l2'`` or ``'dot'``.
             (default: :obj:`'metric'`)
         diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
@@ -77,7 +83,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
                  learn_time_scale: bool = True, dropout: float = 0.0,
                  global_attention: bool = True, metric: str = 'metric',
                  diffusion: bool = False, gradients: bool = False,
-                 normalization: str = 'row', sinkhorn_iterations: int = 3):
+                 normalization: str = 'row', sinkhorn_iterations: int = 3,
+                 local_attention: bool = True):
         super().__init__()
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
@@ -91,13 +98,13 @@ class MetricMeshFormerBlock(torch.nn.Module):
                                   if gradients else None)
         self.lin_diffusion = (Linear((2 if gradients else 1) * channels, channels)
                               if diffusion else None)
-        self.norm_local = LayerNorm(channels)
+        self.norm_local = LayerNorm(channels) if local_attention else None
         normalize = dict(normalization=normalization,
                          sinkhorn_iterations=sinkhorn_iterations)
         self.local = MetricAttentionConv(
             channels, channels // heads, heads=heads, metric=metric,
             time_scale=time_scale, learn_time_scale=learn_time_scale,
-            **normalize)
+            **normalize) if local_attention else None
         self.norm_global = LayerNorm(channels) if global_attention else None
         # The global step measures distances at the local step's metric
         # width (the head width), not MetricMultiheadAttention's default of
@@ -139,11 +146,12 @@ class MetricMeshFormerBlock(torch.nn.Module):
                 diffused = torch.cat([diffused, self.gradient_features(
                     gradient.apply(diffused))], dim=-1)
             h = h + self.dropout(self.lin_diffusion(diffused))
-        # 'global' normalises the local weights per mesh of the batch.
-        meshes = ({'batch': batch} if batch is not None
-                  and self.local.normalization == 'global' else {})
-        h = h + self.dropout(self.local(self.norm_local(h), edge_index,
-                                        **meshes))
+        if self.local is not None:
+            # 'global' normalises the local weights per mesh of the batch.
+            meshes = ({'batch': batch} if batch is not None
+                      and self.local.normalization == 'global' else {})
+            h = h + self.dropout(self.local(self.norm_local(h), edge_index,
+                                            **meshes))
         if self.global_attention is not None:
             h = h + self.dropout(self._global(self.norm_global(h), batch,
                                               global_keys))
@@ -188,6 +196,8 @@ class MetricMeshFormerConfig:
         dropout (float): Dropout on the residual branches and in the FFN.
             (default: :obj:`0.0`)
         global_attention (bool): Add the global step. (default: :obj:`True`)
+        local_attention (bool): Add the local step over the mesh edges.
+            (default: :obj:`True`)
         metric (str): The pseudo-metric of both attentions.
             (default: :obj:`'metric'`)
         global_stride (int): Global attention attends to one in every
@@ -222,6 +232,7 @@ class MetricMeshFormerConfig:
     gradients: bool = False
     normalization: Normalization = 'row'
     sinkhorn_iterations: int = 3
+    local_attention: bool = True
 
     def __post_init__(self) -> None:
         for name in ('hidden_channels', 'num_layers', 'heads', 'global_stride'):
@@ -272,7 +283,8 @@ class MetricMeshFormer(torch.nn.Module):
                                   config.dropout, config.global_attention,
                                   config.metric, config.diffusion,
                                   config.gradients, config.normalization,
-                                  config.sinkhorn_iterations)
+                                  config.sinkhorn_iterations,
+                                  config.local_attention)
             for _ in range(config.num_layers)
         ])
         self.norm_out = LayerNorm(config.hidden_channels)
