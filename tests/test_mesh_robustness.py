@@ -161,3 +161,36 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert all(value < 1e-4 for value in changes['rotation'].values())
     assert abs(meshes['rotation']['area']) < 1e-5
     assert abs(meshes['anisotropic_scaling']['area']) > 1e-3  # a new shape
+
+
+def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
+    # Choices made for robustness read the meshes a run held out of its
+    # training meshes, not the test split: '--split val' perturbs exactly
+    # the meshes the run was validated on.
+    options = [arg for key, value in dict(
+        synthetic_root=tmp_path / 'synthetic', synthetic_train=3,
+        synthetic_test=1, num_workers=1, k=16, batch_size=1,
+        diffusionnet_hidden_channels=8, diffusionnet_num_layers=1).items()
+        for arg in ('-o', f'{key}={value}')]
+    run = tmp_path / 'run'
+    assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
+                 '--out', str(run), '--no-progress', '-o', 'val_fraction=0.34',
+                 *options]) == 0
+    validation = json.loads((run / 'metrics.json').read_text())[-1]
+    out = tmp_path / 'robust'
+    assert main(['experiment', 'human_seg_robust', str(run), '--split', 'val',
+                 '--perturbations', 'rotation', '--out', str(out),
+                 '--no-progress']) == 0
+    results = json.loads((out / 'results.json').read_text())
+    assert results['split'] == 'val' and results['meshes'] == 1
+    original, rotated = results['runs'][0]['rows']
+    assert original['face_acc'] == pytest.approx(validation['val_face_acc'])
+    assert rotated['agreement'] > 0.99
+    assert 'validation meshes' in (out / 'summary.md').read_text()
+    # A run without validation meshes has none to score.
+    bare = tmp_path / 'bare'
+    assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
+                 '--out', str(bare), '--no-progress', *options]) == 0
+    assert main(['experiment', 'human_seg_robust', str(bare), '--split', 'val',
+                 '--out', str(tmp_path / 'none'), '--no-progress']) != 0
+    assert 'held no validation meshes' in capsys.readouterr().err

@@ -1,7 +1,9 @@
 r"""``pyg-metric-attn experiment human_seg_robust RUN [RUN ...]``: how trained
 human_seg models hold up when the test meshes are made differently.
 
-Every test mesh gets one copy per perturbation of
+Every test mesh (with ``--split val``: every validation mesh the runs held
+out of the training meshes, so that choices made for robustness need not
+read the test set) gets one copy per perturbation of
 :data:`~pyg_metric_attn.geometry.PERTURBATIONS` (loop subdivision,
 decimation to 50-70% of the faces, anisotropic scaling up to 1.3x on one
 axis, vertex jitter of 1% of the bounding box, a random rotation, a random
@@ -34,6 +36,8 @@ from pyg_metric_attn.training.device import add_placement_arguments
 from pyg_metric_attn.utils.io import atomic_writer, write_results
 
 NAME = 'human_seg_robust'
+#: The meshes a ``--split`` perturbs, in words.
+SPLIT_NAMES = {'test': 'test meshes', 'val': 'validation meshes'}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,8 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         'moved (default: as each run recorded it)')
     parser.add_argument('--processed-dir', help="the runs' processed files, "
                         'where they moved (default: as recorded)')
-    parser.add_argument('--variants-dir', help='where the perturbed test '
+    parser.add_argument('--variants-dir', help='where the perturbed '
                         'meshes are cached (default: PROCESSED/robustness)')
+    parser.add_argument('--split', choices=('test', 'val'), default='test',
+                        help="the meshes to perturb: the test split, or the "
+                        "validation meshes the runs held out of the training "
+                        "meshes ('-o val_fraction' or '-o val_source' when "
+                        "trained; default: test)")
     parser.add_argument('--perturbations', help='comma-separated, of '
                         'subdivision, decimation, anisotropic_scaling, '
                         'jitter, rotation, renumbering (default: all)')
@@ -55,23 +64,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_placement_arguments(parser)
 
 
+def split_meshes(task: Any, split: str) -> Any:
+    """The processed meshes to perturb: the ``'test'`` split, or the
+    ``'val'`` meshes the task holds out of the training meshes."""
+    if split == 'test':
+        return task.split_meshes('test')
+    if split != 'val':
+        raise ValueError(f"'split' must be 'test' or 'val', got {split!r}")
+    if task.eval_split != 'val':
+        raise ValueError("The run held no validation meshes out of the "
+                         "training meshes: train it with '-o val_fraction=F' "
+                         "or '-o val_source=S' to score them, or score the "
+                         "test split")
+    return task.datasets()[1]
+
+
 def score(task: Any, model: torch.nn.Module, perturbations: list[str],
           seed: int, variants_dir: str | Path | None = None,
-          progress: bool = False) -> list[dict[str, Any]]:
-    """One row per mesh set, the original test meshes first, then each
-    perturbation's copies: ``faces``, ``face_acc``, ``drop`` (points below
-    the original's), ``agreement`` (share of faces predicted as the original
-    face they stem from) and ``mesh_face_acc`` (per mesh)."""
+          progress: bool = False, split: str = 'test') -> list[dict[str, Any]]:
+    """One row per mesh set, the original meshes of ``split`` (``'test'`` or
+    ``'val'``) first, then each perturbation's copies: ``faces``,
+    ``face_acc``, ``drop`` (points below the original's), ``agreement``
+    (share of faces predicted as the original face they stem from) and
+    ``mesh_face_acc`` (per mesh)."""
     from pyg_metric_attn.datasets import PerturbedMeshes
 
-    test = task.split_meshes('test')
+    meshes = split_meshes(task, split)
     if variants_dir is None:
-        variants_dir = Path(test.processed_root) / 'robustness'
-    originals = [task.predict(model, mesh) for mesh in test]
-    sets = [('original', test)]
+        variants_dir = Path(meshes.processed_root) / 'robustness'
+    originals = [task.predict(model, mesh) for mesh in meshes]
+    sets = [('original', meshes)]
     for perturbation in perturbations:
         sets.append((perturbation, PerturbedMeshes(
-            variants_dir, test, perturbation, seed,
+            variants_dir, meshes, perturbation, seed,
             pre_transform=task.preprocessing,
             num_workers=task.config.num_workers, log=progress)))
     rows = []
@@ -97,7 +122,8 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
 
 def summary_table(results: dict[str, Any]) -> str:
     lines = [f"Face accuracy of trained human_seg runs on perturbed copies of "
-             f"the {results['meshes']} test meshes (seed {results['seed']}); "
+             f"the {results['meshes']} {SPLIT_NAMES[results['split']]} "
+             f"(seed {results['seed']}); "
              f"drop: points below the original; agreement: faces predicted "
              f"as the original face they stem from.", '']
     for run in results['runs']:
@@ -143,8 +169,8 @@ def write(results: dict[str, Any], out: Path) -> None:
     ax.set_ylim(min(100 * row['agreement'] for run in runs
                     for row in run['rows']) - 2, 100.5)
     ax.legend(fontsize=8)
-    figure.suptitle(f"human_seg test meshes, perturbed (seed "
-                    f"{results['seed']})")
+    figure.suptitle(f"human_seg {SPLIT_NAMES[results['split']]}, perturbed "
+                    f"(seed {results['seed']})")
     figure.tight_layout()
     with atomic_writer(out / f'{NAME}.png') as file:
         figure.savefig(file, format='png', dpi=110)
@@ -161,8 +187,8 @@ def main(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key) for key in ('root', 'processed_dir')
                  if getattr(args, key) is not None}
     out = Path(args.out or Path('runs') / NAME)
-    results: dict[str, Any] = dict(seed=args.seed, perturbations=perturbations,
-                                   runs=[])
+    results: dict[str, Any] = dict(seed=args.seed, split=args.split,
+                                   perturbations=perturbations, runs=[])
     for run in args.runs:
         task, model, description = load_run(run, 'human_seg', overrides,
                                              f'experiment {NAME}',
@@ -170,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
                                              precision=args.precision)
         print(description)
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
-                     not args.no_progress)
+                     not args.no_progress, args.split)
         results['meshes'] = len(rows[0]['mesh_face_acc'])
         results['runs'].append(dict(run=str(run), description=description,
                                     rows=rows))
