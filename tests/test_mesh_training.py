@@ -313,6 +313,36 @@ def test_hks_time_jitter_rescales_training_inputs_only(synthetic_root):
         HumanSegTask(hks_time_jitter=0.5, **SMALL)
 
 
+def test_hks_min_time_computes_every_inputs_hks_at_its_times(synthetic_root):
+    from pyg_metric_attn.geometry import heat_kernel_signature, hks_times
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                        hks_min_time=0.1, **SMALL)
+    batch = Batch.from_data_list(list(task.datasets()[0][:2]))
+    times = hks_times(16, 0.1)
+    assert times[0] == pytest.approx(0.1) and times[-1] == pytest.approx(1.0)
+    for augment in (False, True):  # training and evaluation inputs alike
+        inputs = task.inputs(batch, augment=augment)
+        for mesh in range(2):
+            rows = batch.batch == mesh
+            expected = heat_kernel_signature(
+                batch.evals[mesh].double().numpy(),
+                batch.evecs[rows].double().numpy(), times)
+            np.testing.assert_allclose(inputs[rows].numpy(), expected,
+                                       rtol=1e-4, atol=1e-5)
+    # At the stored times the eigenpairs give the stored HKS back.
+    default = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                           **SMALL)
+    stored = rescaled_heat_kernel_signatures(
+        batch.evals, batch.evecs, batch.batch, torch.ones(2))
+    torch.testing.assert_close(stored, batch.hks, rtol=1e-4, atol=1e-5)
+    assert torch.equal(default.inputs(batch, augment=True), batch.hks)
+    with pytest.raises(ValueError, match='needs features=.hks. and '
+                       'former_diffusion=True'):
+        HumanSegTask(hks_min_time=0.1, former_diffusion=False, **SMALL)
+    with pytest.raises(ValueError, match='hks_min_time'):
+        HumanSegTask(hks_min_time=1.0, **SMALL)
+
+
 def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root):
     meshes = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                           **SMALL).datasets()[0]

@@ -37,14 +37,15 @@ from pyg_metric_attn.geometry.perturbations import (
     perturb_mesh,
 )
 from pyg_metric_attn.geometry.spectral import (
+    HKS_MIN_TIME,
     eigendecomposition,
     heat_kernel_signature,
     hks_times,
 )
 
 __all__ = [
-    'PERTURBATIONS', 'PERTURBATION_VERSIONS', 'MeshError', 'OperatorCache',
-    'check_mesh', 'cotan_laplacian',
+    'HKS_MIN_TIME', 'PERTURBATIONS', 'PERTURBATION_VERSIONS', 'MeshError',
+    'OperatorCache', 'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
     'decimate', 'hks_times', 'is_edge_manifold', 'laplacian',

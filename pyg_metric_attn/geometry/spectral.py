@@ -49,10 +49,18 @@ def eigendecomposition(L: sp.spmatrix, mass: np.ndarray, k: int = 128,
     return np.clip(evals[order], 0.0, None), evecs[:, order]
 
 
-def hks_times(count: int = 16) -> np.ndarray:
-    """``count`` diffusion times log-spaced in :math:`[10^{-2}, 1]`
-    (DiffusionNet's automatic scales, for shapes of unit radius)."""
-    return np.logspace(-2.0, 0.0, num=count)
+#: The shortest HKS time by default (DiffusionNet's).
+HKS_MIN_TIME = 1e-2
+
+
+def hks_times(count: int = 16, min_time: float = HKS_MIN_TIME) -> np.ndarray:
+    """``count`` diffusion times log-spaced in :math:`[t_{min}, 1]`
+    (``min_time`` :math:`= 10^{-2}`: DiffusionNet's automatic scales, for
+    shapes of unit radius; longer shortest times weigh the upper end of a
+    coarse mesh's spectrum less)."""
+    if not 0 < min_time < 1:
+        raise ValueError(f"'min_time' must lie in (0, 1), got {min_time!r}")
+    return np.logspace(np.log10(min_time), 0.0, num=count)
 
 
 def heat_kernel_signature(evals: np.ndarray, evecs: np.ndarray,

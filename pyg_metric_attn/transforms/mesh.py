@@ -7,7 +7,7 @@ from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 from torch_geometric.utils import to_dense_batch
 
-from pyg_metric_attn.geometry.spectral import hks_times
+from pyg_metric_attn.geometry.spectral import HKS_MIN_TIME, hks_times
 
 
 class RandomRotation(BaseTransform):
@@ -47,7 +47,9 @@ def random_rotation(generator: torch.Generator | None = None,
 
 def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
                                     batch: torch.Tensor, scale: torch.Tensor,
-                                    count: int = 16) -> torch.Tensor:
+                                    count: int = 16,
+                                    min_time: float = HKS_MIN_TIME
+                                    ) -> torch.Tensor:
     r"""Heat kernel signatures of a batch of meshes at diffusion times
     stretched per mesh, :math:`h(v, t) = \sum_k e^{-\lambda_k s_b t}
     \phi_k(v)^2` with :math:`t` the ``count`` times of
@@ -66,6 +68,8 @@ def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
         batch (torch.Tensor): Mesh of every vertex ``[V]`` (sorted).
         scale (torch.Tensor): Positive time factor per mesh ``[B]``.
         count (int, optional): Number of HKS times. (default: :obj:`16`)
+        min_time (float, optional): The shortest of them (the longest is 1).
+            (default: :obj:`1e-2`)
     """
     if evals.dim() != 2 or evecs.dim() != 2 or evals.size(1) != evecs.size(1):
         raise ValueError(f"Expected 'evals' [B, K] and 'evecs' [V, K], got "
@@ -73,7 +77,7 @@ def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
     if scale.shape != (evals.size(0),) or not bool((scale > 0).all()):
         raise ValueError(f"'scale' must hold one positive factor per mesh "
                          f"({evals.size(0)}), got shape {tuple(scale.shape)}")
-    times = torch.from_numpy(hks_times(count)).to(evals.dtype)
+    times = torch.from_numpy(hks_times(count, min_time)).to(evals.dtype)
     decay = torch.exp(-(scale[:, None, None] * times[None, :, None])
                       * evals[:, None, :])  # [B, S, K]
     squared, mask = to_dense_batch(evecs.square(), batch,

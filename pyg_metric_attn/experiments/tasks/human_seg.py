@@ -33,7 +33,10 @@ augmentation, though the MeshCNN meshes are not all upright along one axis;
 ``[1/S, S]``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
 are recomputed each step at diffusion times stretched by a factor drawn
 log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
-eigenpairs the former's diffusion carries). With ``augment_copies=N > 0``
+eigenpairs the former's diffusion carries). ``hks_min_time=T`` computes the
+HKS of every mesh at times log-spaced in ``[T, 1]`` instead of ``[0.01, 1]``
+(from the same eigenpairs): longer shortest times weigh less the upper end
+of the spectrum, which a coarse mesh resolves least. With ``augment_copies=N > 0``
 every training mesh gets ``N`` perturbed copies per perturbation of
 ``augment_perturbations`` (:func:`~pyg_metric_attn.geometry.perturb_mesh`:
 remeshed, deformed, ...; processed once and cached as
@@ -79,7 +82,7 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import PERTURBATIONS, MeshError
+from pyg_metric_attn.geometry import HKS_MIN_TIME, PERTURBATIONS, MeshError
 from pyg_metric_attn.nn.models import (
     IPN,
     DiffusionNet,
@@ -154,6 +157,7 @@ class HumanSegConfig(TaskConfig):
     augment_copies: int = setting(0, ge=0)
     augment_perturbations: str = 'decimation,anisotropic_scaling,jitter'
     hks_time_jitter: float = setting(1.0, ge=1)
+    hks_min_time: float = setting(HKS_MIN_TIME, gt=0, lt=1)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
     val_fraction: float = setting(0.0, ge=0, lt=1)
     val_source: str | None = None
@@ -187,11 +191,13 @@ class HumanSegConfig(TaskConfig):
         super().__post_init__()
         if self.val_fraction > 0 and self.val_source:
             raise ValueError("Set 'val_fraction' or 'val_source', not both")
-        if self.hks_time_jitter > 1 and not (self.features == 'hks'
-                                             and self.former.diffusion):
-            raise ValueError("'hks_time_jitter' recomputes HKS from the "
-                             "meshes' eigenpairs: it needs features='hks' and "
-                             "former_diffusion=True")
+        for name, default in (('hks_time_jitter', 1.0),
+                              ('hks_min_time', HKS_MIN_TIME)):
+            if getattr(self, name) != default and not (
+                    self.features == 'hks' and self.former.diffusion):
+                raise ValueError(f"'{name}' recomputes HKS from the meshes' "
+                                 f"eigenpairs: it needs features='hks' and "
+                                 f"former_diffusion=True")
         if self.features != 'xyz' and (self.xyz_rotation != 'so3'
                                        or self.xyz_scaling != 1):
             raise ValueError("'xyz_rotation' and 'xyz_scaling' augment the "
@@ -303,16 +309,20 @@ class HumanSegTask(Task):
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex; when augmenting, coordinates are
         rotated and scaled (``xyz_rotation``, ``xyz_scaling``) and HKS
-        rescaled in time (``hks_time_jitter``)."""
+        rescaled in time (``hks_time_jitter``); HKS at other times than the
+        stored ones (``hks_min_time``) are computed from the eigenpairs."""
         if self.config.features == 'hks':
             jitter = self.config.hks_time_jitter
-            if not augment or jitter == 1:
+            min_time = self.config.hks_min_time
+            if (not augment or jitter == 1) and min_time == HKS_MIN_TIME:
                 return batch.hks
-            log_scale = ((2 * torch.rand(batch.num_graphs, device=batch.hks.device)
-                          - 1) * math.log(jitter))
+            log_scale = torch.zeros(batch.num_graphs, device=batch.hks.device)
+            if augment:
+                log_scale = (2 * torch.rand_like(log_scale) - 1) * math.log(jitter)
             return rescaled_heat_kernel_signatures(
                 batch.evals, batch.evecs, batch.batch,
-                log_scale.exp().to(batch.evals.dtype), batch.hks.size(1))
+                log_scale.exp().to(batch.evals.dtype), batch.hks.size(1),
+                min_time)
         c = self.config
         if not augment:
             return batch.pos
