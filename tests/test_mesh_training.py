@@ -329,6 +329,9 @@ def test_hks_min_time_computes_every_inputs_hks_at_its_times(synthetic_root):
                 batch.evecs[rows].double().numpy(), times)
             np.testing.assert_allclose(inputs[rows].numpy(), expected,
                                        rtol=1e-4, atol=1e-5)
+    # One mesh, as predict and the robustness experiment pass it.
+    mesh = task.datasets()[0][1]
+    torch.testing.assert_close(task.inputs(mesh), inputs[batch.batch == 1])
     # At the stored times the eigenpairs give the stored HKS back.
     default = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
                            **SMALL)
