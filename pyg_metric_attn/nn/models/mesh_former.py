@@ -60,9 +60,9 @@ class MetricMeshFormerBlock(torch.nn.Module):
             (default: :obj:`0.0`)
         global_attention (bool): Add the global step. (default: :obj:`True`)
         local_attention (bool): Add the local step (without it the block
-            reads the mesh only through the diffusion and gradient steps,
-            which do not depend on how finely the surface is meshed).
-            (default: :obj:`True`)
+            reads the mesh's connectivity only through the diffusion and
+            gradient steps, discretised operators of the surface, not hops
+            along its edges). (default: :obj:`True`)
         metric (str): ``'metric'``, ``'l2'`` or ``'dot'``.
             (default: :obj:`'metric'`)
         diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
