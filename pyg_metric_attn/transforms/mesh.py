@@ -46,7 +46,8 @@ def random_rotation(generator: torch.Generator | None = None,
 
 
 def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
-                                    batch: torch.Tensor, scale: torch.Tensor,
+                                    batch: torch.Tensor | None,
+                                    scale: torch.Tensor,
                                     count: int = 16,
                                     min_time: float = HKS_MIN_TIME
                                     ) -> torch.Tensor:
@@ -65,7 +66,8 @@ def rescaled_heat_kernel_signatures(evals: torch.Tensor, evecs: torch.Tensor,
     Args:
         evals (torch.Tensor): Eigenvalues per mesh ``[B, K]``.
         evecs (torch.Tensor): Mass-orthonormal eigenvectors ``[V, K]``.
-        batch (torch.Tensor): Mesh of every vertex ``[V]`` (sorted).
+        batch (torch.Tensor, optional): Mesh of every vertex ``[V]``
+            (sorted; :obj:`None`: all vertices are one mesh's).
         scale (torch.Tensor): Positive time factor per mesh ``[B]``.
         count (int, optional): Number of HKS times. (default: :obj:`16`)
         min_time (float, optional): The shortest of them (the longest is 1).

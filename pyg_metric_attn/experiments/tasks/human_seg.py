@@ -316,15 +316,11 @@ class HumanSegTask(Task):
             min_time = self.config.hks_min_time
             if (not augment or jitter == 1) and min_time == HKS_MIN_TIME:
                 return batch.hks
-            vertex_mesh = batch.batch  # None for one mesh (predict)
-            if vertex_mesh is None:
-                vertex_mesh = batch.hks.new_zeros(batch.hks.size(0),
-                                                  dtype=torch.long)
             log_scale = torch.zeros(batch.evals.size(0), device=batch.hks.device)
             if augment:
                 log_scale = (2 * torch.rand_like(log_scale) - 1) * math.log(jitter)
             return rescaled_heat_kernel_signatures(
-                batch.evals, batch.evecs, vertex_mesh,
+                batch.evals, batch.evecs, batch.batch,  # None: one mesh
                 log_scale.exp().to(batch.evals.dtype), batch.hks.size(1),
                 min_time)
         c = self.config
