@@ -16,13 +16,19 @@ RUNS = {
         'metricformer-aug1-seed1-200ep.csv',
     'MetricMeshFormer + copies, seed 2 (test 90.82)':
         'metricformer-aug1-seed2-200ep.csv',
+    'former + subdivided copies, seed 0 (test 91.03)':
+        'metricformer-aug1sub-seed0-200ep.csv',
+    'former + subdivided copies, seed 1 (test 90.49)':
+        'metricformer-aug1sub-seed1-200ep.csv',
+    'former + subdivided copies, seed 2 (test 90.96)':
+        'metricformer-aug1sub-seed2-200ep.csv',
     'DiffusionNet, this harness, seed 0 (test 90.11)':
         'diffusionnet-seed0-200ep.csv',
     'DiffusionNet, this harness, seed 1 (test 90.22)':
         'diffusionnet-seed1-200ep.csv',
 }
 
-fig, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
+fig, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(11, 4.6))
 for label, name in RUNS.items():
     with open(FOLDER + name) as file:
         rows = list(csv.DictReader(file))
@@ -32,7 +38,7 @@ for label, name in RUNS.items():
                   label=label)
 loss_axes.set(yscale='log', xlabel='epoch', ylabel='training loss')
 acc_axes.set(xlabel='epoch', ylabel='validation face accuracy (%)', ylim=(90, 98))
-acc_axes.legend(loc='lower right', fontsize=8)
+acc_axes.legend(loc='lower right', fontsize=7)
 fig.suptitle('human_seg, 200 epochs, 38 training meshes held out')
 fig.tight_layout()
 fig.savefig(FOLDER + 'curves-200ep.png', dpi=110)
