@@ -16,11 +16,11 @@ RUNS = {
         'metricformer-aug1-seed1-200ep.csv',
     'MetricMeshFormer + copies, seed 2 (test 90.82)':
         'metricformer-aug1-seed2-200ep.csv',
-    'former + subdivided copies, seed 0 (test 91.03)':
+    'MetricMeshFormer + subdivided copies, seed 0 (test 91.03)':
         'metricformer-aug1sub-seed0-200ep.csv',
-    'former + subdivided copies, seed 1 (test 90.49)':
+    'MetricMeshFormer + subdivided copies, seed 1 (test 90.49)':
         'metricformer-aug1sub-seed1-200ep.csv',
-    'former + subdivided copies, seed 2 (test 90.96)':
+    'MetricMeshFormer + subdivided copies, seed 2 (test 90.96)':
         'metricformer-aug1sub-seed2-200ep.csv',
     'DiffusionNet, this harness, seed 0 (test 90.11)':
         'diffusionnet-seed0-200ep.csv',
