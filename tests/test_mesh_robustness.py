@@ -14,6 +14,7 @@ from pyg_metric_attn.cli import main
 from pyg_metric_attn.datasets import PerturbedMeshes, SyntheticHumans, mesh_data
 from pyg_metric_attn.geometry import PERTURBATIONS, perturb_mesh
 from pyg_metric_attn.geometry.perturbations import (
+    DETERMINISTIC_PERTURBATIONS,
     JITTER,
     MAX_STRETCH,
     PERTURBATION_VERSIONS,
@@ -66,6 +67,16 @@ def test_perturbations_keep_the_surface_and_map_faces_back(kind):
         assert 1 <= stretch.max() <= MAX_STRETCH
     with pytest.raises(ValueError, match="Unknown perturbation 'twist'"):
         perturb_mesh(pos, face, 'twist', np.random.default_rng(0))
+
+
+@pytest.mark.parametrize('kind', PERTURBATIONS)
+def test_only_the_deterministic_perturbations_ignore_the_seed(kind):
+    # The robustness experiment scores these once however many draws it makes.
+    pos, face, _ = labelled_capsule()
+    first, second = (perturb_mesh(pos, face, kind, np.random.default_rng(seed))
+                     for seed in (0, 1))
+    same = all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    assert same == (kind in DETERMINISTIC_PERTURBATIONS)
 
 
 def test_subdivided_faces_stem_from_the_face_they_split():
@@ -187,6 +198,28 @@ def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
     assert original['face_acc'] == pytest.approx(validation['val_face_acc'])
     assert rotated['agreement'] > 0.99
     assert 'validation meshes' in (out / 'summary.md').read_text()
+    # Several draws of a random perturbation, one of a deterministic one.
+    drawn = tmp_path / 'drawn'
+    assert main(['experiment', 'human_seg_robust', str(run), '--split', 'val',
+                 '--perturbations', 'subdivision,jitter', '--seed', '3',
+                 '--draws', '3', '--out', str(drawn), '--no-progress']) == 0
+    results = json.loads((drawn / 'results.json').read_text())
+    assert results['draws'] == 3
+    original, subdivided, jittered = results['runs'][0]['rows']
+    assert subdivided['seeds'] == [3] and len(subdivided['draw_drops']) == 1
+    assert jittered['seeds'] == [3, 4, 5]
+    assert jittered['drop'] == pytest.approx(np.mean(jittered['draw_drops']))
+    assert jittered['faces'] == 3 * original['faces']
+    variants = run.parent / 'synthetic' / 'processed'
+    assert sorted(p.name.split('_')[1] for p in
+                  variants.rglob('robustness/*/jitter-*.pt')) == \
+        ['seed3', 'seed4', 'seed5']
+    assert len(list(variants.rglob('robustness/*/subdivision-*.pt'))) == 1
+    assert 'seeds 3-5: 3 draws' in (drawn / 'summary.md').read_text()
+    assert main(['experiment', 'human_seg_robust', str(run), '--split', 'val',
+                 '--draws', '0', '--out', str(tmp_path / 'no-draws'),
+                 '--no-progress']) != 0
+    assert "'draws' must be a positive integer" in capsys.readouterr().err
     # A run without validation meshes has none to score.
     bare = tmp_path / 'bare'
     assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',

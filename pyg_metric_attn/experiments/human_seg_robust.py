@@ -12,7 +12,12 @@ carried from the original's faces (by the nearest face centroid where the
 connectivity changes). The copies are processed as the training meshes were
 and cached (:class:`~pyg_metric_attn.datasets.PerturbedMeshes`: seeded,
 written atomically, verified on load) under ``--variants-dir`` (default:
-``PROCESSED/robustness``, beside the test set's processed files).
+``PROCESSED/robustness``, beside the test set's processed files). One copy
+of a set of 18 meshes is a noisy reading of a perturbation that draws at
+random (decimation's share of faces, the stretched axis, the noise):
+``--draws N`` scores ``N`` copies of each (seeds ``SEED`` to ``SEED + N -
+1``) and reports their mean drop and the drop of every draw; the
+deterministic loop subdivision is scored once.
 
 Each run folder (written by ``pyg-metric-attn train human_seg ... --out
 RUN``; best checkpoint) is scored on the original test meshes and on every
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from statistics import fmean as mean
 from typing import Any
 
 import torch
@@ -59,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         'jitter, rotation, renumbering (default: all)')
     parser.add_argument('--seed', type=int, default=0,
                         help='seed of the perturbations')
+    parser.add_argument('--draws', type=int, default=1,
+                        help='copies of the meshes per perturbation that '
+                        'draws at random (seeds SEED, SEED+1, ...), scored '
+                        'and averaged: a steadier drop than one draw '
+                        '(default: 1)')
     parser.add_argument('--out', help=f'output folder (default: runs/{NAME})')
     parser.add_argument('--no-progress', action='store_true')
     add_placement_arguments(parser)
@@ -81,58 +92,107 @@ def split_meshes(task: Any, split: str) -> Any:
 
 def score(task: Any, model: torch.nn.Module, perturbations: list[str],
           seed: int, variants_dir: str | Path | None = None,
-          progress: bool = False, split: str = 'test') -> list[dict[str, Any]]:
+          progress: bool = False, split: str = 'test',
+          draws: int = 1) -> list[dict[str, Any]]:
     """One row per mesh set, the original meshes of ``split`` (``'test'`` or
     ``'val'``) first, then each perturbation's copies: ``faces``,
     ``face_acc``, ``drop`` (points below the original's), ``agreement``
     (share of faces predicted as the original face they stem from) and
-    ``mesh_face_acc`` (per mesh)."""
-    from pyg_metric_attn.datasets import PerturbedMeshes
+    ``mesh_face_acc`` (per mesh).
 
+    A perturbation that draws at random (all but
+    :data:`~pyg_metric_attn.geometry.DETERMINISTIC_PERTURBATIONS`) is scored
+    on ``draws`` copies of the meshes, made with the seeds ``seed``,
+    ``seed + 1``, ...: its row holds the means over the draws (``faces``:
+    their total), the ``seeds`` and the ``draw_drops``, one per draw."""
+    from pyg_metric_attn.datasets import PerturbedMeshes
+    from pyg_metric_attn.geometry import DETERMINISTIC_PERTURBATIONS
+
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ValueError(f"'draws' must be a positive integer, got {draws!r}")
     meshes = split_meshes(task, split)
     if variants_dir is None:
         variants_dir = Path(meshes.processed_root) / 'robustness'
     originals = [task.predict(model, mesh) for mesh in meshes]
-    sets = [('original', meshes)]
-    for perturbation in perturbations:
-        sets.append((perturbation, PerturbedMeshes(
-            variants_dir, meshes, perturbation, seed,
-            pre_transform=task.preprocessing,
-            num_workers=task.config.num_workers, log=progress)))
-    rows = []
-    for name, meshes in tqdm(sets, desc=NAME, disable=not progress):
-        correct = agree = faces = 0
-        per_mesh = []
-        for mesh, original in zip(meshes, originals, strict=True):
-            predicted = (original if name == 'original'
-                         else task.predict(model, mesh))
-            source = mesh.source_face if name != 'original' else slice(None)
-            hits = int((predicted == mesh.y).sum())
-            correct += hits
-            agree += int((predicted == original[source]).sum())
-            faces += mesh.y.numel()
-            per_mesh.append(hits / mesh.y.numel())
-        rows.append(dict(perturbation=name, faces=faces,
-                         face_acc=correct / faces, agreement=agree / faces,
-                         mesh_face_acc=per_mesh))
+    sets = [(name, [seed] if name in DETERMINISTIC_PERTURBATIONS
+             else list(range(seed, seed + draws))) for name in perturbations]
+    bar = tqdm(total=1 + sum(len(seeds) for _, seeds in sets), desc=NAME,
+               disable=not progress)
+    rows = [dict(perturbation='original',
+                 **score_set(task, model, meshes, originals, False))]
+    bar.update()
+    for name, seeds in sets:
+        scored = []
+        for draw_seed in seeds:
+            copies = PerturbedMeshes(variants_dir, meshes, name, draw_seed,
+                                     pre_transform=task.preprocessing,
+                                     num_workers=task.config.num_workers,
+                                     log=progress)
+            scored.append(score_set(task, model, copies, originals, True))
+            bar.update()
+        rows.append(dict(
+            perturbation=name, seeds=seeds,
+            faces=sum(draw['faces'] for draw in scored),
+            face_acc=mean(draw['face_acc'] for draw in scored),
+            agreement=mean(draw['agreement'] for draw in scored),
+            mesh_face_acc=[mean(accs) for accs in zip(
+                *(draw['mesh_face_acc'] for draw in scored), strict=True)],
+            draw_drops=[100 * (rows[0]['face_acc'] - draw['face_acc'])
+                        for draw in scored]))
+    bar.close()
     for row in rows:
         row['drop'] = 100 * (rows[0]['face_acc'] - row['face_acc'])
     return rows
 
 
+def score_set(task: Any, model: torch.nn.Module, meshes: Any,
+              originals: list[torch.Tensor], perturbed: bool) -> dict[str, Any]:
+    """Face accuracy of ``model`` on one set of ``meshes``, the perturbed
+    copies of the originals (``perturbed``) or the originals themselves, and
+    the agreement with the originals' predictions ``originals``."""
+    correct = agree = faces = 0
+    per_mesh = []
+    for mesh, original in zip(meshes, originals, strict=True):
+        predicted = task.predict(model, mesh) if perturbed else original
+        source = mesh.source_face if perturbed else slice(None)
+        hits = int((predicted == mesh.y).sum())
+        correct += hits
+        agree += int((predicted == original[source]).sum())
+        faces += mesh.y.numel()
+        per_mesh.append(hits / mesh.y.numel())
+    return dict(faces=faces, face_acc=correct / faces,
+                agreement=agree / faces, mesh_face_acc=per_mesh)
+
+
+def seeds_text(results: dict[str, Any]) -> str:
+    """The perturbations' seeds, in words."""
+    seed, draws = results['seed'], results.get('draws', 1)
+    if draws == 1:
+        return f'seed {seed}'
+    return (f'seeds {seed}-{seed + draws - 1}: {draws} draws of each random '
+            f'perturbation, accuracy and drop their mean')
+
+
 def summary_table(results: dict[str, Any]) -> str:
+    draws = results.get('draws', 1) > 1
     lines = [f"Face accuracy of trained human_seg runs on perturbed copies of "
              f"the {results['meshes']} {SPLIT_NAMES[results['split']]} "
-             f"(seed {results['seed']}); "
+             f"({seeds_text(results)}); "
              f"drop: points below the original; agreement: faces predicted "
              f"as the original face they stem from.", '']
     for run in results['runs']:
         lines += [run['description'], '',
                   '| mesh set | faces | face acc % | drop (points) | '
-                  'agreement % |', '|---|---|---|---|---|']
-        lines += [f"| {row['perturbation']} | {row['faces']} | "
-                  f"{100 * row['face_acc']:.2f} | {row['drop']:.2f} | "
-                  f"{100 * row['agreement']:.2f} |" for row in run['rows']]
+                  'agreement % |' + (' drop per draw |' if draws else ''),
+                  '|---|---|---|---|---|' + ('---|' if draws else '')]
+        for row in run['rows']:
+            line = (f"| {row['perturbation']} | {row['faces']} | "
+                    f"{100 * row['face_acc']:.2f} | {row['drop']:.2f} | "
+                    f"{100 * row['agreement']:.2f} |")
+            if draws:
+                line += ' ' + ' / '.join(
+                    f'{drop:.2f}' for drop in row.get('draw_drops', [0.0])) + ' |'
+            lines.append(line)
         lines.append('')
     names = [row['perturbation'] for row in results['runs'][0]['rows'][1:]]
     lines += ['Drop in points per perturbation (worst: the largest):', '',
@@ -159,10 +219,18 @@ def write(results: dict[str, Any], out: Path) -> None:
             ('agreement', 100, 'agreement with the original (%)'))):
         ax = figure.add_subplot(1, 2, panel + 1)
         for index, run in enumerate(runs):
+            rows = run['rows'][1:]
+            heights = [scale * row[key] for row in rows]
+            # the spread of the draws around their mean drop
+            spread = ([[drop - min(row['draw_drops']) for drop, row in
+                        zip(heights, rows, strict=True)],
+                       [max(row['draw_drops']) - drop for drop, row in
+                        zip(heights, rows, strict=True)]]
+                      if key == 'drop' and results.get('draws', 1) > 1
+                      else None)
             ax.bar([i + (index - (len(runs) - 1) / 2) * width
-                    for i in range(len(names))],
-                   [scale * row[key] for row in run['rows'][1:]], width,
-                   label=Path(run['run']).name)
+                    for i in range(len(names))], heights, width, yerr=spread,
+                   capsize=2, label=Path(run['run']).name)
         ax.set_xticks(range(len(names)), names, rotation=30, ha='right')
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, axis='y')
@@ -170,7 +238,7 @@ def write(results: dict[str, Any], out: Path) -> None:
                     for row in run['rows']) - 2, 100.5)
     ax.legend(fontsize=8)
     figure.suptitle(f"human_seg {SPLIT_NAMES[results['split']]}, perturbed "
-                    f"(seed {results['seed']})")
+                    f"({seeds_text(results)})")
     figure.tight_layout()
     with atomic_writer(out / f'{NAME}.png') as file:
         figure.savefig(file, format='png', dpi=110)
@@ -187,7 +255,8 @@ def main(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key) for key in ('root', 'processed_dir')
                  if getattr(args, key) is not None}
     out = Path(args.out or Path('runs') / NAME)
-    results: dict[str, Any] = dict(seed=args.seed, split=args.split,
+    results: dict[str, Any] = dict(seed=args.seed, draws=args.draws,
+                                   split=args.split,
                                    perturbations=perturbations, runs=[])
     for run in args.runs:
         task, model, description = load_run(run, 'human_seg', overrides,
@@ -196,7 +265,7 @@ def main(args: argparse.Namespace) -> int:
                                              precision=args.precision)
         print(description)
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
-                     not args.no_progress, args.split)
+                     not args.no_progress, args.split, args.draws)
         results['meshes'] = len(rows[0]['mesh_face_acc'])
         results['runs'].append(dict(run=str(run), description=description,
                                     rows=rows))

@@ -29,6 +29,7 @@ from pyg_metric_attn.geometry.mesh import (
     vertex_to_face_averaging,
 )
 from pyg_metric_attn.geometry.perturbations import (
+    DETERMINISTIC_PERTURBATIONS,
     PERTURBATION_VERSIONS,
     PERTURBATIONS,
     decimate,
@@ -44,7 +45,8 @@ from pyg_metric_attn.geometry.spectral import (
 )
 
 __all__ = [
-    'HKS_MIN_TIME', 'PERTURBATIONS', 'PERTURBATION_VERSIONS', 'MeshError',
+    'DETERMINISTIC_PERTURBATIONS', 'HKS_MIN_TIME', 'PERTURBATIONS',
+    'PERTURBATION_VERSIONS', 'MeshError',
     'OperatorCache', 'check_mesh', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',

@@ -22,6 +22,9 @@ PERTURBATIONS = ('subdivision', 'decimation', 'anisotropic_scaling', 'jitter',
 #: they change so that no cache of the older ones is read (subdivision 2: the
 #: sources of the new faces are exact, no longer the nearest centroids).
 PERTURBATION_VERSIONS = {**dict.fromkeys(PERTURBATIONS, 1), 'subdivision': 2}
+#: The perturbations that draw nothing at random: every seed makes the same
+#: copy, so one draw of them is all there is to score.
+DETERMINISTIC_PERTURBATIONS = frozenset({'subdivision'})
 #: Share of the faces decimation keeps, drawn uniformly per mesh.
 DECIMATION_KEPT = (0.5, 0.7)
 #: Largest stretch of the anisotropic scaling (of one random axis).
