@@ -227,3 +227,21 @@ def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
     assert main(['experiment', 'human_seg_robust', str(bare), '--split', 'val',
                  '--out', str(tmp_path / 'none'), '--no-progress']) != 0
     assert 'held no validation meshes' in capsys.readouterr().err
+
+
+def test_robustness_plot_takes_draws_that_all_agree(tmp_path):
+    # Three draws of the same accuracy: their mean drop may differ from each
+    # by round-off, which must not make a negative error bar.
+    from pyg_metric_attn.experiments.human_seg_robust import write
+    row = dict(perturbation='rotation', faces=3, face_acc=0.7, agreement=1.0,
+               mesh_face_acc=[0.7], seeds=[0, 1, 2], drop=0.30000000000000004,
+               draw_drops=[0.3, 0.3, 0.3])
+    original = dict(perturbation='original', faces=1, face_acc=0.703,
+                    agreement=1.0, mesh_face_acc=[0.703], drop=0.0)
+    results = dict(seed=0, draws=3, split='test', meshes=1,
+                   perturbations=['rotation'],
+                   runs=[dict(run='run', description='run',
+                              rows=[original, row])])
+    write(results, tmp_path)
+    assert (tmp_path / 'human_seg_robust.png').stat().st_size > 0
+    assert '0.30 / 0.30 / 0.30' in (tmp_path / 'summary.md').read_text()

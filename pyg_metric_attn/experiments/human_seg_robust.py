@@ -221,11 +221,12 @@ def write(results: dict[str, Any], out: Path) -> None:
         for index, run in enumerate(runs):
             rows = run['rows'][1:]
             heights = [scale * row[key] for row in rows]
-            # the spread of the draws around their mean drop
-            spread = ([[drop - min(row['draw_drops']) for drop, row in
-                        zip(heights, rows, strict=True)],
-                       [max(row['draw_drops']) - drop for drop, row in
-                        zip(heights, rows, strict=True)]]
+            # the spread of the draws around their mean drop (round-off
+            # may put the mean of one draw a hair outside it)
+            spread = ([[max(0.0, drop - min(row['draw_drops'])) for drop, row
+                        in zip(heights, rows, strict=True)],
+                       [max(0.0, max(row['draw_drops']) - drop) for drop, row
+                        in zip(heights, rows, strict=True)]]
                       if key == 'drop' and results.get('draws', 1) > 1
                       else None)
             ax.bar([i + (index - (len(runs) - 1) / 2) * width
