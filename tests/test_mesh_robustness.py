@@ -245,3 +245,25 @@ def test_robustness_plot_takes_draws_that_all_agree(tmp_path):
     write(results, tmp_path)
     assert (tmp_path / 'human_seg_robust.png').stat().st_size > 0
     assert '0.30 / 0.30 / 0.30' in (tmp_path / 'summary.md').read_text()
+
+
+def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
+    # The mean accuracy of three equal draws can differ from each by
+    # round-off; the drop must still be 0 (not -0.00) where no draw drops.
+    from types import SimpleNamespace
+
+    from torch_geometric.data import Data
+
+    import pyg_metric_attn.datasets as datasets
+    from pyg_metric_attn.experiments.human_seg_robust import score
+
+    mesh = Data(y=torch.arange(10), source_face=torch.arange(10))
+    task = SimpleNamespace(
+        split_meshes=lambda split: [mesh], preprocessing=None,
+        config=SimpleNamespace(num_workers=1),
+        predict=lambda model, mesh: torch.zeros(10, dtype=torch.long))
+    monkeypatch.setattr(datasets, 'PerturbedMeshes',
+                        lambda root, meshes, *args, **kwargs: meshes)
+    original, rotated = score(task, None, ['rotation'], 0, tmp_path, draws=3)
+    assert original['face_acc'] == 0.1 and rotated['draw_drops'] == [0.0] * 3
+    assert rotated['drop'] == 0.0 and rotated['agreement'] == 1.0
