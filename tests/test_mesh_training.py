@@ -284,6 +284,15 @@ def test_training_meshes_are_drawn_from_their_perturbed_copies(synthetic_root):
     assert (Path(train.processed_root) / 'augmentation').is_dir()
     _, trainer = task.fit('metric', seed=0)
     assert np.isfinite(trainer.history[-1]['train_loss'])
+    # Two copies of each random perturbation, one of loop subdivision (which
+    # draws nothing: a second copy would be the same mesh).
+    twice = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                         augment_copies=2,
+                         augment_perturbations='subdivision,jitter', **SMALL)
+    sources = twice.augmented(twice.datasets()[0]).sources
+    assert len(sources) == 4
+    assert [copy.perturbation for copy in sources[1:]] == [
+        'subdivision', 'jitter', 'jitter']
     with pytest.raises(ValueError, match="'augment_perturbations' must name"):
         HumanSegTask(augment_perturbations='twist')
 

@@ -39,7 +39,9 @@ HKS of every mesh at times log-spaced in ``[T, 1]`` instead of ``[0.01, 1]``
 of the spectrum, which a coarse mesh resolves least. With ``augment_copies=N > 0``
 every training mesh gets ``N`` perturbed copies per perturbation of
 ``augment_perturbations`` (:func:`~pyg_metric_attn.geometry.perturb_mesh`:
-remeshed, deformed, ...; processed once and cached as
+remeshed, deformed, ...; one of a perturbation that draws nothing, as loop
+subdivision, whose further copies would be the same mesh; processed once and
+cached as
 :class:`~pyg_metric_attn.datasets.PerturbedMeshes` under the processed
 files' ``augmentation/``), and every epoch each training mesh is itself or
 one of its copies, drawn uniformly (:class:`~pyg_metric_attn.datasets.RandomCopies`):
@@ -82,7 +84,12 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import HKS_MIN_TIME, PERTURBATIONS, MeshError
+from pyg_metric_attn.geometry import (
+    DETERMINISTIC_PERTURBATIONS,
+    HKS_MIN_TIME,
+    PERTURBATIONS,
+    MeshError,
+)
 from pyg_metric_attn.nn.models import (
     IPN,
     DiffusionNet,
@@ -349,7 +356,9 @@ class HumanSegTask(Task):
                                   pre_transform=self.preprocessing,
                                   num_workers=c.num_workers, log=self.progress)
                   for perturbation in c.augmentations
-                  for seed in range(c.augment_copies)]
+                  for seed in range(1 if perturbation in
+                                    DETERMINISTIC_PERTURBATIONS
+                                    else c.augment_copies)]
         return RandomCopies(train, copies)
 
     # Model -----------------------------------------------------------------
