@@ -106,7 +106,7 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     ``seed + 1``, ...: its row holds the means over the draws (``faces``:
     their total), the ``seeds`` and the ``draw_drops``, one per draw."""
     from pyg_metric_attn.datasets import PerturbedMeshes
-    from pyg_metric_attn.geometry import DETERMINISTIC_PERTURBATIONS
+    from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
 
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"'draws' must be a positive integer, got {draws!r}")
@@ -114,11 +114,11 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     if variants_dir is None:
         variants_dir = Path(meshes.processed_root) / 'robustness'
     originals = [task.predict(model, mesh) for mesh in meshes]
-    sets = [(name, [seed] if name in DETERMINISTIC_PERTURBATIONS
-             else list(range(seed, seed + draws))) for name in perturbations]
+    sets = [(name, distinct_copy_seeds(name, seed, draws))
+            for name in perturbations]
     bar = tqdm(total=1 + sum(len(seeds) for _, seeds in sets), desc=NAME,
                disable=not progress)
-    rows = [dict(perturbation='original',
+    rows = [dict(perturbation='original', drop=0.0,
                  **score_set(task, model, meshes, originals, False))]
     bar.update()
     for name, seeds in sets:
@@ -130,6 +130,8 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
                                      log=progress)
             scored.append(score_set(task, model, copies, originals, True))
             bar.update()
+        drops = [100 * (rows[0]['face_acc'] - draw['face_acc'])
+                 for draw in scored]
         rows.append(dict(
             perturbation=name, seeds=seeds,
             faces=sum(draw['faces'] for draw in scored),
@@ -137,12 +139,9 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
             agreement=mean(draw['agreement'] for draw in scored),
             mesh_face_acc=[mean(accs) for accs in zip(
                 *(draw['mesh_face_acc'] for draw in scored), strict=True)],
-            draw_drops=[100 * (rows[0]['face_acc'] - draw['face_acc'])
-                        for draw in scored]))
-        # the mean of the draws' drops: exactly 0 where every draw is
-        rows[-1]['drop'] = mean(rows[-1]['draw_drops'])
+            # the mean of the draws' drops: exactly 0 where every draw is
+            drop=mean(drops), draw_drops=drops))
     bar.close()
-    rows[0]['drop'] = 0.0
     return rows
 
 

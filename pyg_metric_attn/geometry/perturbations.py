@@ -33,6 +33,16 @@ MAX_STRETCH = 1.3
 JITTER = 0.01
 
 
+def distinct_copy_seeds(kind: str, seed: int, copies: int) -> list[int]:
+    """The seeds of ``copies`` distinct copies of a mesh perturbed by
+    ``kind``, from ``seed`` on: only ``[seed]`` for one of
+    :data:`DETERMINISTIC_PERTURBATIONS`, whose every seed makes the same
+    copy."""
+    if kind in DETERMINISTIC_PERTURBATIONS:
+        return [seed]
+    return list(range(seed, seed + copies))
+
+
 def loop_subdivision(pos: np.ndarray, face: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One step of Loop subdivision (trimesh): every triangle split in four,

@@ -84,12 +84,8 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import (
-    DETERMINISTIC_PERTURBATIONS,
-    HKS_MIN_TIME,
-    PERTURBATIONS,
-    MeshError,
-)
+from pyg_metric_attn.geometry import HKS_MIN_TIME, PERTURBATIONS, MeshError
+from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
 from pyg_metric_attn.nn.models import (
     IPN,
     DiffusionNet,
@@ -356,9 +352,8 @@ class HumanSegTask(Task):
                                   pre_transform=self.preprocessing,
                                   num_workers=c.num_workers, log=self.progress)
                   for perturbation in c.augmentations
-                  for seed in range(1 if perturbation in
-                                    DETERMINISTIC_PERTURBATIONS
-                                    else c.augment_copies)]
+                  for seed in distinct_copy_seeds(perturbation, 0,
+                                                  c.augment_copies)]
         return RandomCopies(train, copies)
 
     # Model -----------------------------------------------------------------
