@@ -15,7 +15,15 @@ What runs, in this order (most important first, so that a run cut short by
 2. ``dense-kernel``: ``[8, 8, L, 64]`` bfloat16 q, k, v; SDPA-dot against
    metric-SDPA (:func:`~pyg_metric_attn.nn.functional.dense_metric_attention`,
    which on a GPU is SDPA on the augmented head width 64 + 1 -> 72).
-3. ``sparse``: one layer ``64 -> 4 heads x 64`` (concat; each layer's
+3. ``sparse`` at the sizes most people train (issue 26): one layer
+   ``64 -> 4 heads x 16`` of GATConv and MetricAttentionConv ('triton',
+   'fused') on uniform graphs of the sizes of Cora (2,708 nodes / 10,556
+   edges), PubMed (19,717 / 88,648) and ogbn-arxiv (169,343 / 1,166,243),
+   float32, eager and (at the first two sizes) under
+   ``torch.compile(mode='reduce-overhead')`` (variants ``*-compiled``:
+   forward + backward only, three warm-up steps for the compile and the
+   CUDA graph's recording).
+   ``sparse`` at scale: one layer ``64 -> 4 heads x 64`` (concat; each layer's
    defaults, self-loops added by the layer) of GATConv, GATv2Conv,
    TransformerConv and MetricAttentionConv with backend 'triton', 'scatter'
    and 'fused', on uniform graphs (100k nodes / 2M edges, 1M / 20M) and
@@ -24,7 +32,10 @@ What runs, in this order (most important first, so that a run cut short by
    bfloat16. bfloat16 *casts the model and the inputs*
    (``.to(torch.bfloat16)``), not autocast: PyG's layers run end to end in
    bfloat16 that way, while under autocast their scatter ops meet mixed
-   dtypes. (MetricAttentionConv still forms its logits in float32.)
+   dtypes. (MetricAttentionConv still forms its logits in float32.) At
+   100k / 2M float32 the forward + backward of GATConv and metric-triton is
+   also profiled: the share of the step the GPU spends in kernels
+   (:func:`gpu_busy_share`).
 4. ``dense-module``: MetricMultiheadAttention(512, 8 heads) with metric
    'metric' against 'dot' on ``[8, L, 512]`` bfloat16 inputs (module and
    inputs cast), L in 1024 / 4096 / 16384.
@@ -82,6 +93,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SPARSE_BASELINE = 'GATConv'
 SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv', 'metric-triton',
                    'metric-scatter', 'metric-fused')
+# '-compiled': torch.compile(mode='reduce-overhead') on a GPU (CUDA graphs),
+# backend 'aot_eager' on a CPU (the tiny suite checks the plumbing only).
+COMPILED = '-compiled'
+SMALL_VARIANTS = ('GATConv', 'metric-triton', 'metric-fused')
+SMALL_COMPILED_VARIANTS = ('GATConv' + COMPILED, 'metric-triton' + COMPILED)
+# Compiled at the sizes of the issue's compiled target (Cora and PubMed):
+# each compile costs tens of seconds of a lent GPU's time.
+SMALL_COMPILED_MAX_EDGES = 100_000
+# The cases whose forward + backward is also profiled (gpu_busy_share).
+BUSY_VARIANTS = ('GATConv', 'metric-triton')
 # '-fast': precision='fast' (no rounding estimate, no exact correction), to
 # time what the default 'checked' policy costs over it.
 DENSE_KERNEL_VARIANTS = ('sdpa-dot', 'metric-sdpa', 'metric-sdpa-fast')
@@ -92,20 +113,25 @@ MODES = ('forward', 'forward_backward')
 # name -> (graphs [(nodes, edges)], dense lengths, dense shape, sparse sizes,
 #          multi30k steps)
 SIZES: dict[str, dict[str, Any]] = {
-    'full': dict(graphs=[(100_000, 2_000_000), (1_000_000, 20_000_000)],
+    'full': dict(small_graphs=[(2_708, 10_556), (19_717, 88_648),
+                               (169_343, 1_166_243)], small_out=16,
+                 graphs=[(100_000, 2_000_000), (1_000_000, 20_000_000)],
                  lengths=[1024, 4096, 16384], batch=8, heads=8, head_dim=64,
                  sparse_heads=4, channels=64, dtypes=['float32', 'bfloat16'],
                  graph_kinds=['uniform', 'power-law'], steps=300,
                  kernel_length=4096),
     # --quick: the targets' sizes only (float32 sparse at both sizes, the
     # power-law graph at the small size, dense L = 1024 / 4096).
-    'quick': dict(graphs=[(100_000, 2_000_000), (1_000_000, 20_000_000)],
+    'quick': dict(small_graphs=[(2_708, 10_556), (19_717, 88_648)],
+                  small_out=16,
+                  graphs=[(100_000, 2_000_000), (1_000_000, 20_000_000)],
                   lengths=[1024, 4096], batch=8, heads=8, head_dim=64,
                   sparse_heads=4, channels=64, dtypes=['float32'],
                   graph_kinds=['uniform', 'power-law'], steps=100,
                   kernel_length=4096),
     # --tiny: seconds on a CPU (tests).
-    'tiny': dict(graphs=[(60, 400)], lengths=[16], batch=2, heads=2,
+    'tiny': dict(small_graphs=[(30, 120)], small_out=4,
+                 graphs=[(60, 400)], lengths=[16], batch=2, heads=2,
                  head_dim=8, sparse_heads=2, channels=8,
                  dtypes=['float32', 'bfloat16'],
                  graph_kinds=['uniform', 'power-law'], steps=2,
@@ -179,9 +205,13 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
             ('sparse', case['graph'], case['nodes'], case['edges'],
              case['channels']), make_inputs)
         x = x.to(dtype)
-        layer = sparse_layer(case['variant'], case['channels'],
-                             case['channels'], case['heads'])
+        variant = case['variant'].removesuffix(COMPILED)
+        layer = sparse_layer(variant, case['channels'],
+                             case.get('out_channels', case['channels']),
+                             case['heads'])
         layer = layer.to(device, dtype).train(backward)
+        if is_compiled(case):
+            return _graded(compiled_forward(layer, x, edge_index), backward)
         return _graded(lambda: layer(x, edge_index), backward)
     if kind == 'dense-kernel':
         shape = (case['batch'], case['heads'], case['length'], case['head_dim'])
@@ -199,6 +229,26 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
         module = module.to(device, dtype).train(backward)
         return _graded(lambda: module(x, x, x, need_weights=False)[0], backward)
     raise ValueError(f"Unknown case kind '{kind}'")
+
+
+def is_compiled(case: dict[str, Any]) -> bool:
+    return case['variant'].endswith(COMPILED)
+
+
+def compiled_forward(layer: torch.nn.Module, x: torch.Tensor,
+                     edge_index: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``layer(x, edge_index)`` under ``torch.compile``: with
+    ``mode='reduce-overhead'`` (CUDA graphs) on a GPU, each call marked as
+    a new step; with the ``aot_eager`` backend on a CPU."""
+    if x.device.type != 'cuda':
+        model = torch.compile(layer, backend='aot_eager')
+        return lambda: model(x, edge_index)
+    model = torch.compile(layer, mode='reduce-overhead')
+
+    def forward() -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return model(x, edge_index)
+    return forward
 
 
 def _graded(forward: Callable[[], torch.Tensor],
@@ -240,11 +290,12 @@ def timed(step: Callable[[], None], device: torch.device) -> float:
 
 
 def measure(step: Callable[[], None], device: torch.device, min_time: float,
-            deadline: float) -> dict[str, Any]:
-    """Warm-up, then >= 3 timed steps (fewer when a step is slow or the
-    deadline is near), up to ``min_time`` seconds and 20 steps."""
+            deadline: float, warmup: int = 1) -> dict[str, Any]:
+    """``warmup`` steps, then >= 3 timed steps (fewer when a step is slow
+    or the deadline is near), up to ``min_time`` seconds and 20 steps."""
     begin = time.perf_counter()
-    step()  # warm-up: Triton compiles, cuBLAS picks its kernels
+    for _ in range(warmup):  # Triton and torch.compile compile, cuBLAS picks
+        step()
     synchronize(device)
     warmup_s = time.perf_counter() - begin
     if device.type == 'cuda':
@@ -268,6 +319,31 @@ def measure(step: Callable[[], None], device: torch.device, min_time: float,
         result.update(peak_mib=peak / 2**20, baseline_mib=baseline / 2**20,
                       peak_over_baseline_mib=(peak - baseline) / 2**20)
     return result
+
+
+def warmup_steps(case: dict[str, Any]) -> int:
+    """3 for a compiled case (compile, CUDA-graph warm-up, recording), else 1."""
+    return 3 if is_compiled(case) else 1
+
+
+def gpu_busy_share(step: Callable[[], None], device: torch.device,
+                   step_s: float, steps: int = 5) -> float | None:
+    """The GPU's kernel time (and memory copies and sets) per step, from
+    :mod:`torch.profiler` over ``steps`` steps, over ``step_s``, the step's
+    median time measured without the profiler; None on a CPU."""
+    if device.type != 'cuda':
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    device_us = sum(event.self_device_time_total
+                    for event in prof.key_averages()
+                    if event.device_type == DeviceType.CUDA)
+    return device_us / 1e6 / steps / step_s
 
 
 # ----------------------------------------------------- the SDPA kernel check
@@ -487,18 +563,38 @@ def jobs(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     def sparse_job(graph, nodes, edges, dtype):
         big = edges >= 10_000_000
         estimate = (90 if big else 25) * (1.0 if dtype == 'float32' else 0.8)
+        busy = (nodes, edges) == s['graphs'][0] and dtype == 'float32' \
+            and graph == 'uniform'
         return dict(name=f'sparse {graph} {_short(nodes)}/{_short(edges)} '
                          f'{dtype}', kind='sparse', estimate_s=START_S + estimate,
                     cases=[dict(kind='sparse', variant=v, graph=graph,
                                 nodes=nodes, edges=edges, dtype=dtype,
                                 heads=s['sparse_heads'], channels=s['channels'])
+                           | (dict(busy=True) if busy and v in BUSY_VARIANTS
+                              else {})
                            for v in SPARSE_VARIANTS])
+
+    def small_job(nodes, edges):
+        variants = SMALL_VARIANTS
+        if edges <= SMALL_COMPILED_MAX_EDGES:
+            variants += SMALL_COMPILED_VARIANTS
+        return dict(name=f'sparse small {_short(nodes)}/{_short(edges)} '
+                         'float32', kind='sparse',
+                    estimate_s=START_S + 10 + 20 * (len(variants) - 3)
+                    + edges / 1e5,
+                    cases=[dict(kind='sparse', variant=v, graph='uniform',
+                                nodes=nodes, edges=edges, dtype='float32',
+                                heads=s['sparse_heads'], channels=s['channels'],
+                                out_channels=s['small_out'])
+                           for v in variants])
 
     lengths = s['lengths']
     # Targets first: dense L = 4096 (or the largest quick length), sparse
     # float32 uniform at both sizes; then the rest.
     target_length = s['kernel_length']
     out.append(dense_job('dense-kernel', DENSE_KERNEL_VARIANTS, target_length, 6))
+    for nodes, edges in s['small_graphs']:
+        out.append(small_job(nodes, edges))
     (small, small_e), *rest = s['graphs']
     out.append(sparse_job('uniform', small, small_e, 'float32'))
     for nodes, edges in rest:
@@ -563,7 +659,7 @@ def _short(n: int) -> str:
 def case_modes(case: dict[str, Any]) -> tuple[str, ...]:
     if case['kind'] == 'multi30k':
         return ('train', )
-    if case['kind'] == 'sdpa-kernels':
+    if case['kind'] == 'sdpa-kernels' or is_compiled(case):
         return ('forward_backward', )
     return MODES
 
@@ -600,7 +696,11 @@ def child_main(job_path: str, results_path: str, device_name: str,
                     result = multi30k_speed(case, device, deadline)
                 else:
                     step = build_step(case, mode, job)
-                    result = measure(step, device, min_time, deadline)
+                    result = measure(step, device, min_time, deadline,
+                                     warmup_steps(case))
+                    if case.get('busy') and mode == 'forward_backward':
+                        result['gpu_busy_share'] = gpu_busy_share(
+                            step, device, result['median_s'])
             except Exception as error:  # noqa: BLE001 - becomes a cell
                 step = None
                 oom = is_out_of_memory(error)
@@ -804,60 +904,95 @@ def _ok(result: dict[str, Any] | None) -> bool:
     return result is not None and result['status'] == 'ok'
 
 
+# Issue 26 §4 (the layer) and issue 27 §4 (dense attention): the bound of
+# each ratio; a time ratio is the variant's median over its baseline's.
+SMALL_TIME_BOUND = 1.0
+SPARSE_TIME_BOUND = {'float32': 0.20, 'bfloat16': 0.30}
+SPARSE_MEMORY_BOUND = 0.12
+POWER_LAW_BOUND = 1.10
+BUSY_BOUND = 0.80
+BIG_MEMORY_BOUND = 5.0
+DENSE_TIME_BOUND = {1024: 1.3, 4096: 1.10, 16384: 1.05}
+
+
 def targets(results: list[dict[str, Any]], size: str) -> list[tuple]:
-    """(target, measured, bound, met) rows of the issue's GPU targets."""
+    """(target, measured, bound, met) rows of the issues' GPU targets."""
     s = SIZES[size]
-    rows = []
+    rows: list[tuple] = []
+
+    def ratio_row(label, numerator, denominator, bound, key='median_s',
+                  at_most=True):
+        if _ok(numerator) and _ok(denominator) and key in numerator \
+                and key in denominator:
+            ratio = numerator[key] / max(denominator[key], 1e-12)
+            met = ratio <= bound if at_most else ratio >= bound
+            rows.append((label, f'{ratio:.3f}',
+                         f"{'<=' if at_most else '>='} {bound}", met))
+        else:
+            rows.append((label, 'not measured: ' + _statuses(numerator,
+                                                             denominator),
+                         f"{'<=' if at_most else '>='} {bound}", False))
+
+    fwd_bwd = 'forward_backward'
+    for nodes, edges in s['small_graphs']:
+        where = dict(kind='sparse', graph='uniform', dtype='float32',
+                     nodes=nodes, edges=edges)
+        for suffix, how in (('', 'eager'), (COMPILED, 'reduce-overhead')):
+            ratio_row(f'metric-triton / GATConv time, {_short(nodes)}/'
+                      f'{_short(edges)} float32 fwd+bwd, {how}',
+                      _find(results, fwd_bwd, variant='metric-triton' + suffix,
+                            **where),
+                      _find(results, fwd_bwd, variant='GATConv' + suffix,
+                            **where), SMALL_TIME_BOUND)
     (n1, e1), *big = s['graphs']
-    want = dict(kind='sparse', graph='uniform', dtype='float32')
-    gat = _find(results, 'forward_backward', variant='GATConv', nodes=n1,
-                edges=e1, **want)
-    tri = _find(results, 'forward_backward', variant='metric-triton', nodes=n1,
-                edges=e1, **want)
-    where = f'{_short(n1)}/{_short(e1)} float32 fwd+bwd'
-    if _ok(gat) and _ok(tri):
-        time_ratio = tri['median_s'] / gat['median_s']
-        rows.append((f'metric-triton time / GATConv, {where}',
-                     f'{time_ratio:.3f} ({1 / time_ratio:.1f}x faster)',
-                     '<= 0.333', time_ratio <= 1 / 3))
-        if 'peak_over_baseline_mib' in tri:
-            memory = (tri['peak_over_baseline_mib']
-                      / max(gat['peak_over_baseline_mib'], 1e-9))
-            rows.append((f'metric-triton peak memory / GATConv, {where}',
-                         f'{memory:.3f}', '<= 0.2', memory <= 0.2))
-    else:
-        rows.append((f'metric-triton vs GATConv, {where}',
-                     'not measured: ' + _statuses(gat, tri), '', False))
+    at_n1 = f'{_short(n1)}/{_short(e1)}'
+    for dtype, bound in SPARSE_TIME_BOUND.items():
+        where = dict(kind='sparse', graph='uniform', dtype=dtype, nodes=n1,
+                     edges=e1)
+        tri = _find(results, fwd_bwd, variant='metric-triton', **where)
+        gat = _find(results, fwd_bwd, variant='GATConv', **where)
+        ratio_row(f'metric-triton / GATConv time, {at_n1} {dtype} fwd+bwd',
+                  tri, gat, bound)
+        if dtype == 'float32':
+            ratio_row(f'metric-triton / GATConv peak memory, {at_n1} float32 '
+                      'fwd+bwd', tri, gat, SPARSE_MEMORY_BOUND,
+                      key='peak_over_baseline_mib')
+            ratio_row(f'metric-triton power-law / uniform time, {at_n1} '
+                      'float32 fwd+bwd',
+                      _find(results, fwd_bwd, variant='metric-triton',
+                            **(where | dict(graph='power-law'))),
+                      tri, POWER_LAW_BOUND)
+            label = f'metric-triton GPU busy share, {at_n1} float32 fwd+bwd'
+            if _ok(tri) and tri.get('gpu_busy_share') is not None:
+                share = tri['gpu_busy_share']
+                rows.append((label, f'{share:.2f}', f'>= {BUSY_BOUND}',
+                             share >= BUSY_BOUND))
+            else:
+                rows.append((label, 'not measured: ' + _statuses(tri),
+                             f'>= {BUSY_BOUND}', False))
     for nodes, edges in big:
-        where = f'{_short(nodes)}/{_short(edges)} float32 fwd+bwd'
-        gat = _find(results, 'forward_backward', variant='GATConv', nodes=nodes,
-                    edges=edges, **want)
-        tri = _find(results, 'forward_backward', variant='metric-triton',
-                    nodes=nodes, edges=edges, **want)
-        if _ok(tri) and _ok(gat) and 'peak_over_baseline_mib' in tri:
-            ratio = (gat['peak_over_baseline_mib']
-                     / max(tri['peak_over_baseline_mib'], 1e-9))
-            rows.append((f'GATConv peak memory / metric-triton, {where}',
-                         f'{ratio:.1f}', '>= 5', ratio >= 5))
-        elif _ok(tri) and gat is not None and gat['status'] == 'OOM':
-            rows.append((f'GATConv peak memory / metric-triton, {where}',
-                         'GATConv OOM, metric-triton ran', '>= 5', True))
+        where = dict(kind='sparse', graph='uniform', dtype='float32',
+                     nodes=nodes, edges=edges)
+        gat = _find(results, fwd_bwd, variant='GATConv', **where)
+        tri = _find(results, fwd_bwd, variant='metric-triton', **where)
+        label = (f'GATConv / metric-triton peak memory, {_short(nodes)}/'
+                 f'{_short(edges)} float32 fwd+bwd')
+        if _ok(tri) and gat is not None and gat['status'] == 'OOM':
+            rows.append((label, 'GATConv OOM, metric-triton ran',
+                         f'>= {BIG_MEMORY_BOUND}', True))
         else:
-            rows.append((f'metric-triton runs where GATConv needs 5x, {where}',
-                         'not measured: ' + _statuses(gat, tri), '>= 5', False))
-    length = s['kernel_length']
-    for mode in MODES:
-        dot = _find(results, mode, kind='dense-kernel', variant='sdpa-dot',
-                    length=length)
-        met = _find(results, mode, kind='dense-kernel', variant='metric-sdpa',
-                    length=length)
-        label = f'metric-SDPA / SDPA-dot time, L={length} bfloat16 {mode}'
-        if _ok(dot) and _ok(met):
-            ratio = met['median_s'] / dot['median_s']
-            rows.append((label, f'{ratio:.3f}', '<= 1.15', ratio <= 1.15))
-        else:
-            rows.append((label, 'not measured: ' + _statuses(dot, met),
-                         '<= 1.15', False))
+            ratio_row(label, gat, tri, BIG_MEMORY_BOUND,
+                      key='peak_over_baseline_mib', at_most=False)
+    for kind, metric, dot in (('dense-kernel', 'metric-sdpa', 'sdpa-dot'),
+                              ('dense-module', 'mha-metric', 'mha-dot')):
+        for length in s['lengths']:
+            for mode in MODES:
+                ratio_row(f'{metric} / {dot} time, L={length} bfloat16 {mode}',
+                          _find(results, mode, kind=kind, variant=metric,
+                                length=length),
+                          _find(results, mode, kind=kind, variant=dot,
+                                length=length),
+                          DENSE_TIME_BOUND.get(length, DENSE_TIME_BOUND[1024]))
     check = next((r for r in results if 'kernels' in r), None)
     if check is not None:
         variants = check['kernels']['variants']
@@ -872,18 +1007,19 @@ def _statuses(*results) -> str:
     return ', '.join('absent' if r is None else r['status'] for r in results)
 
 
-def table(results: list[dict[str, Any]], kind: str, baseline: str,
-          key: str, scale: float, digits: int) -> str:
+def table(results: list[dict[str, Any]], baseline: str, key: str,
+          scale: float, digits: int) -> str:
+    """One row per (sizes, mode), one column per variant: ``value (ratio
+    to the baseline)``."""
     rows: dict[tuple, dict[str, dict]] = {}
     variants: list[str] = []
     for result in results:
         case = result['case']
-        if case['kind'] != kind:
-            continue
         variants.append(case['variant'])
         sizes = (f"{case['graph']} {_short(case['nodes'])}/"
                  f"{_short(case['edges'])} {case['dtype']}"
-                 if kind == 'sparse' else f"L={case['length']} {case['dtype']}")
+                 if case['kind'] == 'sparse'
+                 else f"L={case['length']} {case['dtype']}")
         rows.setdefault((sizes, result['mode']), {})[case['variant']] = result
     variants = list(dict.fromkeys(variants))
     lines = ['| case | mode | ' + ' | '.join(variants) + ' |',
@@ -921,23 +1057,35 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             seen = '; '.join(info.get('names', [])[:6]) or info.get('error', '')
             lines.append(f"| {variant} | {info['kernel']} | {seen} |")
         parts.append('\n'.join(lines))
-    for kind, baseline, title in (
-            ('sparse', SPARSE_BASELINE, 'Sparse layers ({channels} channels, '
-             '{heads} heads, one layer)'),
-            ('dense-kernel', 'sdpa-dot', 'Dense kernels ([{batch}, {heads}, L, '
-             '{head_dim}])'),
-            ('dense-module', 'mha-dot', 'MetricMultiheadAttention ({heads} '
-             'heads x {head_dim}, batch {batch})')):
-        first = next((r['case'] for r in results if r['case']['kind'] == kind),
-                     None)
-        if first is not None:
-            title = title.format(**first)
+    for select, baseline, title in (
+            (lambda c: c['kind'] == 'sparse' and 'out_channels' in c,
+             SPARSE_BASELINE, 'Sparse layers at small sizes ({channels} -> '
+             '{heads} heads x {out_channels}, one layer)'),
+            (lambda c: c['kind'] == 'sparse' and 'out_channels' not in c,
+             SPARSE_BASELINE, 'Sparse layers ({channels} -> {heads} heads x '
+             '{channels}, one layer)'),
+            (lambda c: c['kind'] == 'dense-kernel', 'sdpa-dot',
+             'Dense kernels ([{batch}, {heads}, L, {head_dim}])'),
+            (lambda c: c['kind'] == 'dense-module', 'mha-dot',
+             'MetricMultiheadAttention ({heads} heads x {head_dim}, batch '
+             '{batch})')):
+        chosen = [r for r in results if select(r['case'])]
+        if chosen:
+            title = title.format(**chosen[0]['case'])
             parts += [f'### {title}: median time per step, ms (ratio to '
                       f'{baseline})',
-                      table(results, kind, baseline, 'median_s', 1e3, 2),
+                      table(chosen, baseline, 'median_s', 1e3, 2),
                       f'### {title}: memory ({memory})',
-                      table(results, kind, baseline, 'peak_over_baseline_mib',
-                            1.0, 0)]
+                      table(chosen, baseline, 'peak_over_baseline_mib', 1.0, 0)]
+    busy = [r for r in results if r.get('gpu_busy_share') is not None]
+    if busy:
+        parts += ['### GPU busy share of a fwd+bwd step (kernel time over the '
+                  'step, profiled)',
+                  '\n'.join(['| case | variant | share |', '|---|---|---|'] + [
+                      f"| {r['case']['graph']} {_short(r['case']['nodes'])}/"
+                      f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
+                      f"{r['case']['variant']} | {r['gpu_busy_share']:.2f} |"
+                      for r in busy])]
     speed = [r for r in results if r['case']['kind'] == 'multi30k']
     if speed:
         lines = ['| attention | status | tokens/s | steps | ms/step | peak MiB '

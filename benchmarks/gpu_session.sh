@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# One lent GPU, three commands (each fits the device's 10-minute limit):
+# The GPU checks, each a command that fits the device's 10-minute limit:
 #
-#   bash benchmarks/gpu_session.sh tests      # environment + the suite on CUDA
-#                                             # (also: make test-gpu)
+#   bash benchmarks/gpu_session.sh lease      # a 15-minute lease: the CUDA
+#                                             # tests, compute-sanitizer and
+#                                             # the targets' benchmarks in
+#                                             # LEASE_S seconds (default 420)
+#   bash benchmarks/gpu_session.sh tests      # environment + the whole suite
+#                                             # on CUDA (also: make test-gpu)
 #   bash benchmarks/gpu_session.sh bench      # python -m benchmarks.run --suite gpu
 #   bash benchmarks/gpu_session.sh human_seg  # train MetricMeshFormer on CUDA
 #
 # Run from anywhere; works in the repository root. Writes into $OUT (the
-# device tool's output folder; ./gpu-out when unset). `bench` keeps its
-# results in ./gpu-out/bench (which stays on a warm machine) and resumes from
-# them, so running `bench` a second time measures what the first run had no
-# time for. Extra arguments after `bench` go to the suite (e.g. --quick).
+# device tool's output folder; ./gpu-out when unset), at most 8 files. The
+# suite's results are written into $OUT/bench after every job (so a call cut
+# short still returns them) and kept in ./gpu-out/bench (which stays on a
+# warm machine): `bench` and `lease` resume from them, so a second call
+# measures what the first had no time for. Extra arguments after `bench`
+# go to the suite (e.g. --quick, --budget-s 240).
 # Optional, both made here by `make gpu-bundle` and carried untracked (they
 # are in .gitignore): the mesh packages' wheels in ./.whl are installed first
 # (into /tmp/site), and ./.data/human_seg.tar.xz is unpacked into
@@ -69,36 +75,79 @@ EOF
     fi
 }
 
+# The test files whose tests take the --device fixture (or pick CUDA when
+# it is there), and the Triton kernels' tests.
+DEVICE_TESTS=(tests/test_triton_attention.py tests/test_metric_attention_conv.py
+    tests/test_sparse_numerics.py tests/test_conv_api.py
+    tests/test_conv_inputs.py tests/test_conv_step.py
+    tests/test_fused_backend.py tests/test_multihead.py
+    tests/test_functional.py tests/test_dense_numerics.py
+    tests/test_dense_augmentation.py tests/test_exact_attention.py
+    tests/test_dense_sync_free.py tests/test_device.py tests/test_gpu_suite.py)
+pytest_extra=()
+$PY -c 'import pytest_timeout' 2>/dev/null && pytest_extra+=(--timeout 120)
+xdist=()
+$PY -c 'import xdist' 2>/dev/null && xdist=(-n 8)
+
+# device_tests SECONDS LOG: the device tests on $DEVICE, cut after SECONDS.
+device_tests() {
+    timeout -s INT -k 15 "$1" $PY -m pytest --device "$DEVICE" -q -rfE \
+        -p no:cacheprovider "${pytest_extra[@]}" "${xdist[@]}" \
+        "${DEVICE_TESTS[@]}" 2>&1 | tee "$2"
+    echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
+        | tee -a "$2"
+}
+
+# bench SECONDS [suite options]: the GPU suite into $OUT/bench, resuming
+# from (and saved back to) gpu-out/bench; stops starting work after SECONDS.
+bench() {
+    local seconds=$1
+    shift
+    mkdir -p gpu-out/bench "$OUT/bench"
+    cp gpu-out/bench/* "$OUT/bench/" 2>/dev/null
+    timeout -s INT -k 10 "$((seconds + 60))" $PY -m benchmarks.run --suite gpu \
+        --device "$DEVICE" --out "$OUT/bench" --resume --budget-s "$seconds" \
+        "$@" 2>&1 | tee "$OUT/bench.log"
+    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+    cp "$OUT"/bench/* gpu-out/bench/ 2>/dev/null
+}
+
 case "$mode" in
+lease)
+    # What one 15-minute lease can hold, most important first: the device
+    # tests (TESTS_S, default 150 s, at most), the Triton layer on every input format under
+    # compute-sanitizer's memcheck (60 s at most), then the issues'
+    # benchmark targets until LEASE_S. A second call (`bench`) on the warm
+    # machine resumes the benchmarks.
+    lease_s=${LEASE_S:-420}
+    environment > "$OUT/env.txt" 2>&1
+    device_tests "${TESTS_S:-150}" "$OUT/tests-cuda.log"
+    if command -v compute-sanitizer > /dev/null && [ "$DEVICE" = cuda ]; then
+        timeout -s INT -k 10 60 compute-sanitizer --tool memcheck \
+            --error-exitcode 99 $PY -m pytest --device cuda -q -rfE -x \
+            -p no:cacheprovider tests/test_conv_inputs.py \
+            -k 'triton and not device_assert' 2>&1 | tail -60 > "$OUT/sanitizer.log"
+        echo "exit status: ${PIPESTATUS[0]} (99: memcheck found errors)" \
+            >> "$OUT/sanitizer.log"
+    fi
+    bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
+        100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
+        metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot \
+        mha-metric mha-metric-fast "$@"
+    ;;
 tests)
     environment 2>&1 | tee "$OUT/env.txt"
-    extra=()
-    $PY -c 'import pytest_timeout' 2>/dev/null && extra+=(--timeout 120)
-    # 1. The device-parametrised tests and the Triton kernels (the point of
-    #    the GPU run), about 4.5 minutes at most.
-    timeout -s INT -k 15 270 $PY -m pytest --device "$DEVICE" -q -rfE \
-        -p no:cacheprovider "${extra[@]}" \
-        tests/test_triton_attention.py tests/test_metric_attention_conv.py \
-        tests/test_sparse_numerics.py tests/test_conv_api.py \
-        tests/test_fused_backend.py tests/test_multihead.py \
-        tests/test_functional.py tests/test_dense_numerics.py \
-        tests/test_gpu_suite.py 2>&1 | tee "$OUT/tests-cuda.log"
-    echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
-        | tee -a "$OUT/tests-cuda.log"
+    # 1. The device tests and the Triton kernels (the point of the GPU run).
+    device_tests 270 "$OUT/tests-cuda.log"
     # 2. Everything else (CPU tests that see a GPU machine), with what is
     #    left of 8 minutes; files whose imports are missing there (mesh
     #    libraries) are reported as collection errors and skipped.
-    xdist=()
-    $PY -c 'import xdist' 2>/dev/null && xdist=(-n 8)
+    ignore=()
+    for file in "${DEVICE_TESTS[@]}"; do ignore+=(--ignore "$file"); done
     timeout -s INT -k 15 180 $PY -m pytest --device "$DEVICE" -q -rfE \
         -p no:cacheprovider --continue-on-collection-errors \
-        "${extra[@]}" "${xdist[@]}" tests \
-        --ignore tests/test_triton_attention.py \
-        --ignore tests/test_metric_attention_conv.py \
-        --ignore tests/test_sparse_numerics.py --ignore tests/test_conv_api.py \
-        --ignore tests/test_fused_backend.py --ignore tests/test_multihead.py \
-        --ignore tests/test_functional.py --ignore tests/test_dense_numerics.py \
-        --ignore tests/test_gpu_suite.py 2>&1 | tee "$OUT/tests-rest.log"
+        "${pytest_extra[@]}" "${xdist[@]}" tests "${ignore[@]}" 2>&1 \
+        | tee "$OUT/tests-rest.log"
     echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
         | tee -a "$OUT/tests-rest.log"
     ;;
@@ -116,22 +165,13 @@ human_seg)
     cp gpu-out/human_seg/metrics.csv "$OUT/human_seg-metrics.csv" 2>/dev/null || true
     ;;
 bench)
+    # The whole suite, most important first; 520 s unless --budget-s says
+    # otherwise (a later --budget-s in "$@" wins).
     environment > "$OUT/env.txt" 2>&1
-    mkdir -p gpu-out/bench
-    # The suite stops starting work after 520 s (--budget-s; a later
-    # --budget-s in "$@" wins); the timeout is the backstop inside the
-    # device's 600 s.
-    timeout -s INT -k 10 580 $PY -m benchmarks.run --suite gpu --device "$DEVICE" \
-        --out gpu-out/bench --resume --budget-s 520 "$@" 2>&1 | tee "$OUT/bench.log"
-    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
-    if [ "$OUT" != "$PWD/gpu-out" ]; then
-        for f in gpu-out/bench/*.json gpu-out/bench/*.md gpu-out/bench/stderr.txt; do
-            [ -f "$f" ] && cp "$f" "$OUT/bench-$(basename "$f")"
-        done
-    fi
+    bench 520 "$@"
     ;;
 *)
-    echo "usage: $0 tests|bench [suite options]|human_seg [train options]" >&2
+    echo "usage: $0 lease|tests|bench [suite options]|human_seg [train options]" >&2
     exit 2
     ;;
 esac

@@ -2,9 +2,15 @@
 ``EdgeIndex`` in every sort order and cache state, a plain tensor, a
 ``SparseTensor`` and torch.sparse COO/CSR/CSC, with and without edge
 features, give the scatter backend's output, and a bad index raises an
-``IndexError`` naming it. The Triton backend runs in Triton's interpreter on
-tiny graphs."""
+``IndexError`` naming it (on a GPU: a device-side assert, in a fresh
+process). The Triton backend runs in Triton's interpreter on tiny graphs on
+the CPU; ``pytest --device cuda`` runs the same tests on a GPU (and
+``benchmarks/gpu_session.sh`` runs them under compute-sanitizer)."""
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -28,39 +34,41 @@ EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 3],
 BACKENDS = ['fused', 'auto'] + (['triton'] if HAVE_TRITON else [])
 
 
-def edge_index_variants():
+def edge_index_variants(device):
     """``EdgeIndex`` in every sort order, with and without ``sparse_size``,
     with and without its cached ``indptr``, and views of one (the edge
     permutation each applies to the plain edges)."""
-    identity = torch.arange(EDGES.size(1))
-    variants = {'plain': (EDGES, identity)}
+    edges = EDGES.to(device)
+    identity = torch.arange(EDGES.size(1), device=device)
+    variants = {'plain': (edges, identity)}
     size = (NUM_NODES, NUM_NODES)
     for order in (None, 'row', 'col'):
         for sparse_size in (None, size):
             for fill_cache in (False, True):
                 if order is None:
-                    index, perm = EdgeIndex(EDGES, sparse_size=sparse_size), identity
+                    index, perm = EdgeIndex(edges, sparse_size=sparse_size), identity
                 else:
                     index, perm = EdgeIndex(
-                        EDGES, sparse_size=sparse_size).sort_by(order, stable=True)
+                        edges, sparse_size=sparse_size).sort_by(order, stable=True)
                 if fill_cache and order is not None:
                     index.fill_cache_()
                 elif fill_cache:
                     continue
                 name = f'EdgeIndex-{order}-{sparse_size is not None}-{fill_cache}'
                 variants[name] = (index, perm)
-    index, perm = EdgeIndex(EDGES, sparse_size=size).sort_by('col', stable=True)
+    index, perm = EdgeIndex(edges, sparse_size=size).sort_by('col', stable=True)
     variants['EdgeIndex-view'] = (index[:, 2:], perm[2:])
     return variants
 
 
-def sparse_variants(edge_attr):
+def sparse_variants(edge_attr, device):
     """The graph as sparse adjacencies (transposed: rows are destinations)
     whose values are ``edge_attr``, and the order of their non-zeros."""
-    dst_src = EDGES.flip(0)
+    edges = EDGES.to(device)
+    dst_src = edges.flip(0)
     size = (NUM_NODES, NUM_NODES)
-    order = torch.sort(EDGES[1] * NUM_NODES + EDGES[0], stable=True)[1]
-    by_src = torch.sort(EDGES[0] * NUM_NODES + EDGES[1], stable=True)[1]
+    order = torch.sort(edges[1] * NUM_NODES + edges[0], stable=True)[1]
+    by_src = torch.sort(edges[0] * NUM_NODES + edges[1], stable=True)[1]
     variants = {
         'coo': (to_torch_coo_tensor(dst_src, edge_attr, size=size), order),
         'csr': (to_torch_csr_tensor(dst_src, edge_attr, size=size), order),
@@ -68,17 +76,17 @@ def sparse_variants(edge_attr):
     }
     if WITH_TORCH_SPARSE:
         variants['sparse_tensor'] = (SparseTensor(
-            row=EDGES[1], col=EDGES[0], value=edge_attr, sparse_sizes=size,
+            row=edges[1], col=edges[0], value=edge_attr, sparse_sizes=size,
             is_sorted=False), order)
     return variants
 
 
-def layers(backend, edge_dim=None, **kwargs):
+def layers(backend, edge_dim=None, device='cpu'):
     torch.manual_seed(0)
     reference = MetricAttentionConv(8, 4, heads=2, edge_dim=edge_dim,
-                                    backend='scatter', **kwargs)
+                                    backend='scatter').to(device)
     conv = MetricAttentionConv(8, 4, heads=2, edge_dim=edge_dim,
-                               backend=backend, **kwargs)
+                               backend=backend).to(device)
     conv.load_state_dict(reference.state_dict())
     return reference, conv
 
@@ -91,22 +99,24 @@ def empty_cache():
 
 
 @pytest.fixture(scope='module')
-def x():
-    return torch.randn(NUM_NODES, 8, generator=torch.Generator().manual_seed(1))
+def x(device):
+    return torch.randn(NUM_NODES, 8, generator=torch.Generator().manual_seed(1)
+                       ).to(device)
 
 
 @pytest.fixture(scope='module')
-def edge_attr():
-    return torch.randn(EDGES.size(1), 3, generator=torch.Generator().manual_seed(2))
+def edge_attr(device):
+    return torch.randn(EDGES.size(1), 3, generator=torch.Generator().manual_seed(2)
+                       ).to(device)
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
 @pytest.mark.parametrize('with_edge_attr', [False, True])
 def test_every_edge_index_gives_the_scatter_output(backend, with_edge_attr, x,
-                                                   edge_attr):
-    reference, conv = layers(backend, edge_dim=3 if with_edge_attr else None)
-    for name, (index, perm) in edge_index_variants().items():
-        plain = EDGES[:, perm]
+                                                   edge_attr, device):
+    reference, conv = layers(backend, 3 if with_edge_attr else None, device)
+    for name, (index, perm) in edge_index_variants(device).items():
+        plain = EDGES.to(device)[:, perm]
         attr = edge_attr[perm] if with_edge_attr else None
         expected, (_, expected_alpha) = reference(
             x, plain, attr, return_attention_weights=True)
@@ -119,32 +129,36 @@ def test_every_edge_index_gives_the_scatter_output(backend, with_edge_attr, x,
 
 
 @pytest.mark.parametrize('backend', BACKENDS)
-def test_every_sparse_adjacency_gives_the_scatter_output(backend, x, edge_attr):
-    reference, conv = layers(backend, edge_dim=3)
-    plain, _ = layers(backend)
-    for name, (adj, order) in sparse_variants(edge_attr).items():
-        expected = reference(x, EDGES[:, order], edge_attr[order])
+def test_every_sparse_adjacency_gives_the_scatter_output(backend, x, edge_attr,
+                                                         device):
+    reference, conv = layers(backend, 3, device)
+    plain, _ = layers(backend, device=device)
+    edges = EDGES.to(device)
+    for name, (adj, order) in sparse_variants(edge_attr, device).items():
+        expected = reference(x, edges[:, order], edge_attr[order])
         torch.testing.assert_close(conv(x, adj), expected, msg=name)
         # The values mark the pattern only for a layer without edge features.
-        torch.testing.assert_close(plain(x, adj), plain(x, EDGES[:, order]),
+        torch.testing.assert_close(plain(x, adj), plain(x, edges[:, order]),
                                    msg=name)
 
 
 @pytest.mark.parametrize('backend', ['scatter'] + BACKENDS)
-def test_edge_attr_beside_a_sparse_pattern_is_used(backend, x, edge_attr):
+def test_edge_attr_beside_a_sparse_pattern_is_used(backend, x, edge_attr,
+                                                   device):
     """PyG's convention (TransformerConv's tests): ``edge_attr``, ordered like
     the adjacency's non-zeros, with an adjacency whose values only mark the
     pattern."""
-    reference, conv = layers(backend, edge_dim=3)
-    for name, (adj, order) in sparse_variants(None).items():
+    reference, conv = layers(backend, 3, device)
+    for name, (adj, order) in sparse_variants(None, device).items():
         attr = edge_attr[order]
-        expected = reference(x, EDGES[:, order], attr)
+        expected = reference(x, EDGES.to(device)[:, order], attr)
         torch.testing.assert_close(conv(x, adj, attr), expected, msg=name)
 
 
-def test_edge_attr_beside_multi_dimensional_values_raises(x, edge_attr):
-    conv = MetricAttentionConv(8, 4, edge_dim=3)
-    adj = to_torch_coo_tensor(EDGES.flip(0), edge_attr, size=(6, 6))
+def test_edge_attr_beside_multi_dimensional_values_raises(x, edge_attr,
+                                                         device):
+    conv = MetricAttentionConv(8, 4, edge_dim=3).to(device)
+    adj = to_torch_coo_tensor(EDGES.to(device).flip(0), edge_attr, size=(6, 6))
     with pytest.raises(ValueError, match='given twice'):
         conv(x, adj, edge_attr)
 
@@ -163,7 +177,10 @@ def bad_graphs():
 
 @pytest.mark.parametrize('backend', ['scatter'] + BACKENDS)
 @pytest.mark.parametrize('as_edge_index', [False, True])
-def test_bad_indices_raise_an_index_error_naming_them(backend, as_edge_index, x):
+def test_bad_indices_raise_an_index_error_naming_them(backend, as_edge_index, x,
+                                                       device):
+    if device.type == 'cuda':
+        pytest.skip('a device-side assert: see the fresh-process test below')
     _, conv = layers(backend)
     for edges, match in bad_graphs():
         graph = EdgeIndex(edges) if as_edge_index else edges
@@ -172,10 +189,35 @@ def test_bad_indices_raise_an_index_error_naming_them(backend, as_edge_index, x)
                 conv(x, graph)
 
 
-def test_jit_trace_records_the_message_passing_path(x):
+@pytest.mark.parametrize('backend', ['scatter'] + BACKENDS)
+def test_bad_indices_on_a_gpu_stop_the_process_with_a_device_assert(backend,
+                                                                    device):
+    """On a GPU a bad index is never a silent out-of-bounds read: the range
+    is asserted on the device, which ends the (fresh) process naming it."""
+    if device.type != 'cuda':
+        pytest.skip('CUDA only (--device cuda); on a CPU: the IndexError test')
+    script = textwrap.dedent(f"""
+        import torch
+        from pyg_metric_attn import MetricAttentionConv
+        edges = torch.tensor({EDGES.tolist()}, device='cuda')
+        edges[0, 4] = {NUM_NODES}
+        conv = MetricAttentionConv(8, 4, heads=2, backend='{backend}').cuda()
+        conv(torch.randn({NUM_NODES}, 8, device='cuda'), edges).sum().item()
+        torch.cuda.synchronize()
+        print('NO ERROR')
+    """)
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and 'NO ERROR' not in done.stdout, done.stdout
+    assert 'device-side assert' in done.stderr or 'out of range' in done.stderr, \
+        done.stderr[-2000:]
+
+
+def test_jit_trace_records_the_message_passing_path():
     """``torch.jit.trace`` (PyG's traceable-conv tests): ``'auto'`` traces the
     scatter path, which then runs on other graphs too; a backend named
     explicitly that cannot be traced says so."""
+    x = torch.randn(NUM_NODES, 8, generator=torch.Generator().manual_seed(1))
     conv = MetricAttentionConv(8, 4, heads=2)
     conv(x, EDGES)  # the graph is cached: the trace must still record it
     with pytest.warns(torch.jit.TracerWarning):

@@ -63,11 +63,30 @@ def test_an_exhausted_budget_skips_and_resume_keeps_results(tmp_path):
 def test_the_full_plan_runs_the_targets_first():
     names = [job['name'] for job in gpu_cases.jobs(
         'full', gpu_cases.parse_args(['--multi30k', 'synthetic']))]
-    assert names[:4] == ['sdpa-kernels L=4096', 'dense-kernel L=4096 bfloat16',
+    assert names[:7] == ['sdpa-kernels L=4096', 'dense-kernel L=4096 bfloat16',
+                         'sparse small 2708/10556 float32',
+                         'sparse small 19717/88648 float32',
+                         'sparse small 169343/1166243 float32',
                          'sparse uniform 100k/2M float32',
                          'sparse uniform 1M/20M float32']
     assert names[-1] == 'multi30k base 300 steps'
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 19
+
+
+def test_small_sizes_compile_at_cora_and_pubmed_size_only():
+    jobs = {job['name']: job for job in gpu_cases.jobs(
+        'full', gpu_cases.parse_args(['--multi30k', 'off']))}
+    variants = {name: [case['variant'] for case in job['cases']]
+                for name, job in jobs.items() if 'small' in name}
+    compiled = list(gpu_cases.SMALL_COMPILED_VARIANTS)
+    assert variants['sparse small 2708/10556 float32'][-2:] == compiled
+    assert variants['sparse small 19717/88648 float32'][-2:] == compiled
+    assert not set(compiled) & set(
+        variants['sparse small 169343/1166243 float32'])
+    case = jobs['sparse small 2708/10556 float32']['cases'][-1]
+    assert gpu_cases.case_modes(case) == ('forward_backward',)
+    assert gpu_cases.warmup_steps(case) == 3
+    assert case['out_channels'] == 16  # 64 -> 4 heads x 16 (issue 26)
 
 
 def test_power_law_graph_has_hubs_and_is_deterministic():
@@ -131,26 +150,42 @@ def test_targets_report_met_missed_and_oom():
                     peak_over_baseline_mib=memory)
 
     sparse = dict(kind='sparse', graph='uniform', dtype='float32')
+    cora = dict(nodes=2_708, edges=10_556)
     small, big = dict(nodes=100_000, edges=2_000_000), dict(
         nodes=1_000_000, edges=20_000_000)
     dense = dict(kind='dense-kernel', length=4096)
     results = [
+        result('GATConv', 'forward_backward', seconds=1.0, **sparse, **cora),
+        result('metric-triton', 'forward_backward', seconds=0.9, **sparse,
+               **cora),
+        result('GATConv-compiled', 'forward_backward', seconds=1.0, **sparse,
+               **cora),
+        result('metric-triton-compiled', 'forward_backward', seconds=1.2,
+               **sparse, **cora),
         result('GATConv', 'forward_backward', seconds=1.0, memory=1000, **sparse,
                **small),
-        result('metric-triton', 'forward_backward', seconds=0.25, memory=300,
-               **sparse, **small),
+        result('metric-triton', 'forward_backward', seconds=0.15, memory=300,
+               **sparse, **small) | dict(gpu_busy_share=0.85),
         result('GATConv', 'forward_backward', status='OOM', **sparse, **big),
         result('metric-triton', 'forward_backward', **sparse, **big),
         result('sdpa-dot', 'forward', seconds=1.0, **dense),
-        result('metric-sdpa', 'forward', seconds=1.1, **dense)]
+        result('metric-sdpa', 'forward', seconds=1.05, **dense)]
     rows = {row[0]: row for row in gpu_cases.targets(results, 'full')}
-    assert rows['metric-triton time / GATConv, 100k/2M float32 fwd+bwd'][3]
-    assert not rows['metric-triton peak memory / GATConv, 100k/2M float32 '
+    assert rows['metric-triton / GATConv time, 2708/10556 float32 fwd+bwd, '
+                'eager'][1:] == ('0.900', '<= 1.0', True)
+    assert not rows['metric-triton / GATConv time, 2708/10556 float32 '
+                    'fwd+bwd, reduce-overhead'][3]
+    assert rows['metric-triton / GATConv time, 100k/2M float32 fwd+bwd'][3]
+    assert not rows['metric-triton / GATConv peak memory, 100k/2M float32 '
                     'fwd+bwd'][3]
-    assert rows['GATConv peak memory / metric-triton, 1M/20M float32 '
-                'fwd+bwd'][1:] == ('GATConv OOM, metric-triton ran', '>= 5', True)
-    assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 forward'][3]
-    assert rows['metric-SDPA / SDPA-dot time, L=4096 bfloat16 '
+    assert rows['metric-triton GPU busy share, 100k/2M float32 fwd+bwd'][1:] \
+        == ('0.85', '>= 0.8', True)
+    assert rows['GATConv / metric-triton peak memory, 1M/20M float32 '
+                'fwd+bwd'][1:] == ('GATConv OOM, metric-triton ran', '>= 5.0',
+                                   True)
+    assert rows['metric-sdpa / sdpa-dot time, L=4096 bfloat16 forward'][3]
+    assert not rows['metric-sdpa / sdpa-dot time, L=1024 bfloat16 forward'][3]
+    assert rows['metric-sdpa / sdpa-dot time, L=4096 bfloat16 '
                 'forward_backward'][1].startswith('not measured')
 
 
