@@ -12,9 +12,13 @@ What runs, in this order (most important first, so that a run cut short by
    :class:`~pyg_metric_attn.MetricMultiheadAttention` (metric and dot) in
    bfloat16 under :mod:`torch.profiler`; which SDPA kernels ran (flash,
    efficient, cudnn or the math fallback). See :func:`sdpa_kernels`.
-2. ``dense-kernel``: ``[8, 8, L, 64]`` bfloat16 q, k, v; SDPA-dot against
-   metric-SDPA (:func:`~pyg_metric_attn.nn.functional.dense_metric_attention`,
-   which on a GPU is SDPA on the augmented head width 64 + 1 -> 72).
+2. ``dense-kernel``: ``[8, 8, L, 64]`` bfloat16 values; SDPA-dot (q, k of
+   width 64) against metric-SDPA
+   (:func:`~pyg_metric_attn.nn.functional.dense_metric_attention`, q, k of
+   metric width 63: SDPA on the augmented width 63 + 1 = 64, the layout of
+   :class:`~pyg_metric_attn.MetricMultiheadAttention`; a metric width of 64
+   would pad 65 to 72 and run cuDNN's 128-wide kernel, 2.3x SDPA-dot at
+   L = 4096 on an H100, 2026-11-26).
 3. ``sparse`` at the sizes most people train (issue 26): one layer
    ``64 -> 4 heads x 16`` of GATConv and MetricAttentionConv ('triton',
    'fused') on uniform graphs of the sizes of Cora (2,708 nodes / 10,556
@@ -211,15 +215,19 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
                              case['heads'])
         layer = layer.to(device, dtype).train(backward)
         if is_compiled(case):
-            return _graded(compiled_forward(layer, x, edge_index), backward)
-        return _graded(lambda: layer(x, edge_index), backward)
+            return _graded(compiled_forward(layer, x, edge_index), backward,
+                           layer.parameters())
+        return _graded(lambda: layer(x, edge_index), backward,
+                       layer.parameters())
     if kind == 'dense-kernel':
-        shape = (case['batch'], case['heads'], case['length'], case['head_dim'])
+        shape = (case['batch'], case['heads'], case['length'])
+        width = case['head_dim'] - case['variant'].startswith('metric')
         generator = torch.Generator(device=device).manual_seed(1)
-        q, k, v = (torch.randn(shape, device=device, generator=generator)
-                   .to(dtype).requires_grad_(backward) for _ in range(3))
+        q, k, v = (torch.randn(*shape, w, device=device, generator=generator)
+                   .to(dtype).requires_grad_(backward)
+                   for w in (width, width, case['head_dim']))
         attention = dense_kernel(case['variant'])
-        return _graded(lambda: attention(q, k, v), backward)
+        return _graded(lambda: attention(q, k, v), backward, (q, k, v))
     if kind == 'dense-module':
         embed_dim = case['heads'] * case['head_dim']
         generator = torch.Generator(device=device).manual_seed(1)
@@ -227,7 +235,8 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
                         generator=generator).to(dtype)
         module = dense_module(case['variant'], embed_dim, case['heads'])
         module = module.to(device, dtype).train(backward)
-        return _graded(lambda: module(x, x, x, need_weights=False)[0], backward)
+        return _graded(lambda: module(x, x, x, need_weights=False)[0], backward,
+                       module.parameters())
     raise ValueError(f"Unknown case kind '{kind}'")
 
 
@@ -251,9 +260,18 @@ def compiled_forward(layer: torch.nn.Module, x: torch.Tensor,
     return forward
 
 
-def _graded(forward: Callable[[], torch.Tensor],
-            backward: bool) -> Callable[[], None]:
+def _graded(forward: Callable[[], torch.Tensor], backward: bool,
+            leaves: Iterable[torch.Tensor]) -> Callable[[], None]:
+    """One step; with ``backward``, the gradients of ``leaves`` (parameters,
+    inputs) are dropped before it, as a training loop's
+    ``zero_grad(set_to_none=True)`` does: steps do not accumulate into
+    them (under CUDA graphs a gradient a replay wrote must not be read by
+    the next replay)."""
+    leaves = list(leaves)
+
     def step() -> None:
+        for leaf in leaves:
+            leaf.grad = None
         with torch.set_grad_enabled(backward):
             out = forward()
             if backward:

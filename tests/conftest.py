@@ -113,6 +113,22 @@ def compile_for_gpu(script: str, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def expect_device_assert(script: str) -> None:
+    """Run ``script`` (Python, on CUDA) in a fresh interpreter with this
+    checkout importable: it must stop with a device-side assert (the check
+    of a bad index or row pointer), never finish (``'NO ERROR'`` printed).
+    A fresh process, because the assert ends the CUDA context it fires in."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep
+               + os.environ.get('PYTHONPATH', ''))
+    script += "\ntorch.cuda.synchronize()\nprint('NO ERROR')\n"
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode != 0 and 'NO ERROR' not in result.stdout, \
+        result.stdout[-2000:]
+    assert 'device-side assert' in result.stderr, result.stderr[-3000:]
+
+
 def shared_dataset(name: str) -> Path:
     """Path of a real data set in ``../shared/datasets``.
 

@@ -113,7 +113,7 @@ def autograd_nodes(tensor: torch.Tensor) -> str:
     return ' '.join(names)
 
 
-def test_triton_variant_step_matches_the_scatter_variant(monkeypatch):
+def test_triton_variant_step_matches_the_scatter_variant(monkeypatch, device):
     """The metric-triton step's output and parameter gradients equal the
     metric-scatter step's (same seed, so same weights and graph)."""
     pytest.importorskip('triton')
@@ -130,8 +130,7 @@ def test_triton_variant_step_matches_the_scatter_variant(monkeypatch):
     for variant in ('metric-triton', 'metric-scatter'):
         case = dict(kind='sparse', variant=variant, graph='power-law',
                     nodes=12, edges=40, dtype='float32', heads=2, channels=4)
-        gpu_cases.build_step(case, 'forward_backward',
-                             gpu_cases.Job(torch.device('cpu')))()
+        gpu_cases.build_step(case, 'forward_backward', gpu_cases.Job(device))()
     triton, scatter = layers
     # The custom op's autograd node (pyg_metric_attn::triton_attention).
     assert 'triton_attention' in autograd_nodes(triton.output)
@@ -189,20 +188,20 @@ def test_targets_report_met_missed_and_oom():
                 'forward_backward'][1].startswith('not measured')
 
 
-def test_every_job_of_the_suite_runs_at_tiny_size_on_the_cpu():
+def test_every_job_of_the_suite_runs_at_tiny_size(device):
     """Each (case, mode) of every job of ``--suite gpu --tiny`` (the
     Multi30k speed job on synthetic ids included) measured in this process,
-    then the report: a job that crashes fails here before it costs GPU
-    time. The Triton variant (seconds per step in the interpreter) is left
-    to test_triton_variant_runs_a_step."""
-    device = torch.device('cpu')
-    args = gpu_cases.parse_args(['--tiny', '--device', 'cpu',
+    then the report: a job that crashes fails here (on the CPU, in CI)
+    before it costs GPU time. On a CPU the eager Triton variant (seconds
+    per step in the interpreter) is left to
+    test_triton_variant_step_matches_the_scatter_variant."""
+    args = gpu_cases.parse_args(['--tiny', '--device', device.type,
                                  '--multi30k', 'synthetic'])
     results, kinds = [], set()
     for job in gpu_cases.jobs('tiny', args):
         shared = gpu_cases.Job(device)
         for case in job['cases']:
-            if case['variant'] == 'metric-triton':
+            if case['variant'] == 'metric-triton' and device.type == 'cpu':
                 continue
             kinds.add(case['kind'])
             for mode in gpu_cases.case_modes(case):
@@ -214,7 +213,8 @@ def test_every_job_of_the_suite_runs_at_tiny_size_on_the_cpu():
                     result = gpu_cases.multi30k_speed(case, device, float('inf'))
                 else:
                     step = gpu_cases.build_step(case, mode, shared)
-                    result = gpu_cases.measure(step, device, 0.0, float('inf'))
+                    result = gpu_cases.measure(step, device, 0.0, float('inf'),
+                                               gpu_cases.warmup_steps(case))
                 assert result['status'] == 'ok', (job['name'], case, mode)
                 results.append(dict(case=case, mode=mode, job=job['name'],
                                     **result))

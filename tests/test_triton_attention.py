@@ -34,7 +34,7 @@ if os.environ.get('TRITON_INTERPRET') == '1' and _version(triton.__version__) < 
                 f'these kernels under numpy {np.__version__} (use triton >= 3.9, '
                 'or a GPU)', allow_module_level=True)
 
-from conftest import compile_for_gpu  # noqa: E402
+from conftest import compile_for_gpu, expect_device_assert  # noqa: E402
 from torch_geometric.utils import scatter, softmax  # noqa: E402
 
 from pyg_metric_attn.nn import triton as ta  # noqa: E402
@@ -557,8 +557,24 @@ def test_column_out_of_range_raises_index_error(bad):
     q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
     col = col.clone()
     col[3] = bad
+    if DEVICE == 'cuda':  # asserted on the device (no host read)
+        expect_device_assert(attention_script(rowptr, col, 5))
+        return
     with pytest.raises(IndexError, match=f'{bad}.*\\[0, 5\\)'):
         ta.triton_metric_attention(q, k, v, rowptr, col)
+
+
+def attention_script(rowptr, col, num_src):
+    """A script calling the kernels on CUDA with this ``rowptr`` and ``col``."""
+    return textwrap.dedent(f"""
+        import torch
+        from pyg_metric_attn.nn import triton as ta
+        rowptr = torch.tensor({rowptr.tolist()}, device='cuda')
+        col = torch.tensor({col.tolist()}, device='cuda')
+        q = torch.randn({rowptr.numel() - 1}, 2, 3, device='cuda')
+        k, v = (torch.randn({num_src}, 2, 3, device='cuda') for _ in range(2))
+        ta.triton_metric_attention(q, k, v, rowptr, col)
+    """)
 
 
 def test_bad_row_pointer_raises():
@@ -569,6 +585,9 @@ def test_bad_row_pointer_raises():
     q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
     for broken in (rowptr + 1, rowptr.flip(0), torch.cat([rowptr[:-1],
                                                           rowptr[-1:] + 2])):
+        if DEVICE == 'cuda':  # asserted on the device (no host read)
+            expect_device_assert(attention_script(broken, col, 5))
+            continue
         with pytest.raises(ValueError, match='rowptr'):
             ta.triton_metric_attention(q, k, v, broken, col)
 
@@ -660,10 +679,10 @@ def test_layer_takes_edge_index_in_every_sort_order():
 
     from pyg_metric_attn import MetricAttentionConv
     g = torch.Generator().manual_seed(18)
-    x = torch.randn(8, 5, generator=g)
-    edge_index = torch.randint(0, 8, (2, 20), generator=g)
+    x = torch.randn(8, 5, generator=g).to(DEVICE)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g).to(DEVICE)
     torch.manual_seed(0)
-    conv = MetricAttentionConv(5, 3, heads=2, backend='triton')
+    conv = MetricAttentionConv(5, 3, heads=2, backend='triton').to(DEVICE)
     expected = conv(x, edge_index)
     for order in (None, 'row', 'col'):
         index = EdgeIndex(edge_index, sparse_size=(8, 8))
@@ -678,12 +697,12 @@ def test_layer_compiles_to_one_graph():
     trace as one graph; output and gradients equal eager's."""
     from pyg_metric_attn import MetricAttentionConv
     g = torch.Generator().manual_seed(19)
-    x = torch.randn(8, 5, generator=g)
-    edge_index = torch.randint(0, 8, (2, 20), generator=g)
-    edge_attr = torch.randn(20, 2, generator=g)
+    x = torch.randn(8, 5, generator=g).to(DEVICE)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g).to(DEVICE)
+    edge_attr = torch.randn(20, 2, generator=g).to(DEVICE)
     torch.manual_seed(0)
     conv = MetricAttentionConv(5, 3, heads=2, edge_dim=2, learn_time_scale=True,
-                               backend='triton')
+                               backend='triton').to(DEVICE)
     compiled = torch.compile(conv, fullgraph=True, backend='aot_eager')
     results = []
     for fn in (conv, compiled):
