@@ -115,8 +115,10 @@ bench() {
 case "$mode" in
 lease)
     # What one 15-minute lease can hold, most important first: the device
-    # tests (TESTS_S, default 150 s, at most), the Triton layer on every input format under
-    # compute-sanitizer's memcheck (60 s at most), then the issues'
+    # tests (TESTS_S, default 150 s, at most), the Triton layer on every
+    # input format under compute-sanitizer's memcheck (60 s at most), where
+    # the time of a Cora-size layer step and of the dense module goes
+    # (benchmarks/host_profile.py, 40 s each at most), then the issues'
     # benchmark targets until LEASE_S. A second call (`bench`) on the warm
     # machine resumes the benchmarks.
     lease_s=${LEASE_S:-420}
@@ -130,6 +132,11 @@ lease)
         echo "exit status: ${PIPESTATUS[0]} (99: memcheck found errors)" \
             >> "$OUT/sanitizer.log"
     fi
+    # Where a small graph's step goes (host or GPU), and the dense module's.
+    for variant in metric-triton GATConv mha-metric; do
+        timeout -s INT -k 5 40 $PY -m benchmarks.host_profile \
+            --variant "$variant" --device "$DEVICE" 2>&1
+    done > "$OUT/profile.log"
     bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
         100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
         metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot \

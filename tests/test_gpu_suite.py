@@ -226,3 +226,15 @@ def test_every_job_of_the_suite_runs_at_tiny_size(device):
                                   torch_scatter='s', torch_sparse='p',
                                   date='d', budget_s=1), results)
     assert '### Multi30k `base` preset training speed' in table
+
+
+def test_the_host_profile_reports_a_step(capsys, device):
+    """``benchmarks.host_profile`` (run in a lease before the suite) on a
+    tiny GATConv step: the summary line and both tables."""
+    from benchmarks import host_profile
+    host_profile.main(['--variant', 'GATConv', '--nodes', '30', '--edges',
+                       '120', '--steps', '2', '--top', '3', '--device',
+                       device.type])
+    out = capsys.readouterr().out
+    assert 'median step:' in out and 'launches per step' in out
+    assert 'host functions by own time' in out and 'Self CPU' in out
