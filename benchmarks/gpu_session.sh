@@ -92,7 +92,7 @@ $PY -c 'import xdist' 2>/dev/null && xdist=(-n 8)
 # device_tests SECONDS LOG: the device tests on $DEVICE, cut after SECONDS.
 device_tests() {
     timeout -s INT -k 15 "$1" $PY -m pytest --device "$DEVICE" -q -rfE \
-        -p no:cacheprovider "${pytest_extra[@]}" "${xdist[@]}" \
+        --durations 15 -p no:cacheprovider "${pytest_extra[@]}" "${xdist[@]}" \
         "${DEVICE_TESTS[@]}" 2>&1 | tee "$2"
     echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
         | tee -a "$2"
