@@ -114,8 +114,9 @@ DENSE_MODULE_VARIANTS = ('mha-dot', 'mha-metric', 'mha-metric-fast')
 MULTI30K_VARIANTS = ('dot', 'metric')
 MODES = ('forward', 'forward_backward')
 
-# name -> (graphs [(nodes, edges)], dense lengths, dense shape, sparse sizes,
-#          multi30k steps)
+# name -> small graphs [(nodes, edges)] (and their output width per head),
+#         graphs at scale, dense lengths and shape, sparse sizes, dtypes,
+#         graph kinds, Multi30k steps, the SDPA kernel check's length
 SIZES: dict[str, dict[str, Any]] = {
     'full': dict(small_graphs=[(2_708, 10_556), (19_717, 88_648),
                                (169_343, 1_166_243)], small_out=16,
@@ -221,7 +222,9 @@ def build_step(case: dict[str, Any], mode: str, job: Job) -> Callable[[], Any]:
                        layer.parameters())
     if kind == 'dense-kernel':
         shape = (case['batch'], case['heads'], case['length'])
-        width = case['head_dim'] - case['variant'].startswith('metric')
+        # metric-SDPA: metric width 63, augmented to 64 (module docstring)
+        width = (case['head_dim'] - 1 if case['variant'].startswith('metric')
+                 else case['head_dim'])
         generator = torch.Generator(device=device).manual_seed(1)
         q, k, v = (torch.randn(*shape, w, device=device, generator=generator)
                    .to(dtype).requires_grad_(backward)
