@@ -26,6 +26,8 @@ RUNS = {
     '(test 90.86)': 'metricformer-aug1sub-bs1-seed0-200ep.csv',
     'MetricMeshFormer + subdivided copies, one mesh per step, seed 1 '
     '(test 90.99)': 'metricformer-aug1sub-bs1-seed1-200ep.csv',
+    'MetricMeshFormer + subdivided copies, one mesh per step, seed 2 '
+    '(test 90.76)': 'metricformer-aug1sub-bs1-seed2-200ep.csv',
     'DiffusionNet, this harness, seed 0 (test 90.11)':
         'diffusionnet-seed0-200ep.csv',
     'DiffusionNet, this harness, seed 1 (test 90.22)':
