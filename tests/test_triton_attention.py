@@ -551,7 +551,8 @@ def test_pyg_index_subclasses_are_read_as_plain_tensors():
 
 @pytest.mark.parametrize('bad', [-1, 5])
 def test_column_out_of_range_raises_index_error(bad):
-    """A source index outside [0, N_src) is never read: IndexError naming it."""
+    """A source index outside [0, N_src) is never read: IndexError naming it
+    (on a GPU, a device-side assert that ends the process)."""
     gen = torch.Generator().manual_seed(13)
     rowptr, col = messy_csr(6, 5, gen, p=0.5)
     q, k, v, _ = inputs(6, 5, 2, 3, 3, col.numel(), gen)
