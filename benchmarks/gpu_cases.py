@@ -347,24 +347,35 @@ def warmup_steps(case: dict[str, Any]) -> int:
     return 3 if is_compiled(case) else 1
 
 
-def gpu_busy_share(step: Callable[[], None], device: torch.device,
-                   step_s: float, steps: int = 5) -> float | None:
-    """The GPU's kernel time (and memory copies and sets) per step, from
-    :mod:`torch.profiler` over ``steps`` steps, over ``step_s``, the step's
-    median time measured without the profiler; None on a CPU."""
-    if device.type != 'cuda':
-        return None
+def profile_steps(step: Callable[[], None], device: torch.device,
+                  steps: int) -> tuple[Any, float, float]:
+    """``steps`` steps under :mod:`torch.profiler`: its averaged events, and
+    per step the GPU's kernel time (memory copies and sets included; 0 on a
+    CPU) in seconds and the kernels launched."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU]
+    if device.type == 'cuda':
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         synchronize(device)
-    device_us = sum(event.self_device_time_total
-                    for event in prof.key_averages()
-                    if event.device_type == DeviceType.CUDA)
-    return device_us / 1e6 / steps / step_s
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    return (events, sum(e.self_device_time_total for e in kernels) / 1e6 / steps,
+            sum(e.count for e in kernels) / steps)
+
+
+def gpu_busy_share(step: Callable[[], None], device: torch.device,
+                   step_s: float, steps: int = 5) -> float | None:
+    """The GPU's kernel time per step (:func:`profile_steps`, ``steps``
+    steps) over ``step_s``, the step's median time measured without the
+    profiler; None on a CPU."""
+    if device.type != 'cuda':
+        return None
+    return profile_steps(step, device, steps)[1] / step_s
 
 
 # ----------------------------------------------------- the SDPA kernel check

@@ -63,9 +63,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.device == 'cpu':  # before anything imports triton
         os.environ.setdefault('TRITON_INTERPRET', '1')
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     from benchmarks import gpu_cases
 
     device = torch.device(args.device)
@@ -76,17 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     gpu_cases.synchronize(device)
     times = [gpu_cases.timed(step, device) for _ in range(args.steps)]
 
-    activities = [ProfilerActivity.CPU]
-    if device.type == 'cuda':
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        for _ in range(args.steps):
-            step()
-        gpu_cases.synchronize(device)
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-    kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / args.steps
-    launches = sum(e.count for e in kernels) / args.steps
+    events, kernel_s, launches = gpu_cases.profile_steps(step, device,
+                                                         args.steps)
+    kernel_ms = kernel_s * 1e3
 
     host = cProfile.Profile()
     host.enable()

@@ -102,15 +102,23 @@ def compile_for_gpu(script: str, *args: str) -> subprocess.CompletedProcess:
     """Run ``script`` (that compiles Triton kernels for a GPU target) in a
     fresh interpreter with Triton's interpreter off and this checkout
     importable; it fails the test where it exits non-zero."""
-    root = Path(__file__).resolve().parents[1]
     env = {name: value for name, value in os.environ.items()
            if name != 'TRITON_INTERPRET'}
-    env['PYTHONPATH'] = str(root) + os.pathsep + os.environ.get('PYTHONPATH', '')
     env['TRITON_DEFAULT_FP_FUSION'] = '1'  # silence triton 3.9's notice
-    result = subprocess.run([sys.executable, '-c', script, *args],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = run_fresh(script, *args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def run_fresh(script: str, *args: str, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter with ``env`` (default: this
+    process's) and this checkout importable."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ if env is None else env)
+    env['PYTHONPATH'] = str(root) + os.pathsep + os.environ.get('PYTHONPATH', '')
+    return subprocess.run([sys.executable, '-c', script, *args],
+                          capture_output=True, text=True, env=env, timeout=300)
 
 
 def expect_device_assert(script: str) -> None:
@@ -118,12 +126,8 @@ def expect_device_assert(script: str) -> None:
     checkout importable: it must stop with a device-side assert (the check
     of a bad index or row pointer), never finish (``'NO ERROR'`` printed).
     A fresh process, because the assert ends the CUDA context it fires in."""
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep
-               + os.environ.get('PYTHONPATH', ''))
     script += "\ntorch.cuda.synchronize()\nprint('NO ERROR')\n"
-    result = subprocess.run([sys.executable, '-c', script], capture_output=True,
-                            text=True, env=env, timeout=300)
+    result = run_fresh(script)
     assert result.returncode != 0 and 'NO ERROR' not in result.stdout, \
         result.stdout[-2000:]
     assert 'device-side assert' in result.stderr, result.stderr[-3000:]
