@@ -131,6 +131,37 @@ def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path,
         PerturbedMeshes(tmp_path, meshes, 'twist')
 
 
+def test_an_invariant_model_loses_nothing_at_the_original_faces():
+    """benchmarks/mesh_input_transplant: vertex values carried to a Loop
+    subdivision (an added vertex takes the mean of the edge it splits) and
+    read out at the new faces differ from the original faces' values (the
+    corner faces lean to their corner), but averaged over the four faces of
+    each original face they give those values back exactly: the readout that
+    tells a model's change from the labels' resolution."""
+    from benchmarks.mesh_input_transplant import at_original_faces, carried
+    from pyg_metric_attn.training.segmentation import face_logits
+
+    pos, face, _ = labelled_capsule()
+    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
+                                             np.random.default_rng(0))
+    copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
+                                source_face=source))
+    values = torch.randn(len(pos), 5, dtype=torch.float64)
+    fine = face_logits(carried(values, copy), copy.face)
+    original = face_logits(values, torch.from_numpy(face.T.copy()))
+    assert not torch.allclose(fine, original[copy.source_face])
+    torch.testing.assert_close(at_original_faces(fine, copy, len(face)),
+                               original)
+    # An added vertex linked to one original vertex only splits no edge.
+    src, dst = copy.edge_index
+    ends = torch.nonzero((dst == len(pos)) & (src < len(pos))).flatten()
+    broken = copy.clone()
+    broken.edge_index = torch.cat([copy.edge_index[:, :ends[0]],
+                                   copy.edge_index[:, ends[0] + 1:]], dim=1)
+    with pytest.raises(ValueError, match='not a Loop subdivision'):
+        carried(values, broken)
+
+
 def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     root = tmp_path / 'synthetic'
     SyntheticHumans(str(root), 'test', 1, num_workers=1,
@@ -172,6 +203,21 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert all(value < 1e-4 for value in changes['rotation'].values())
     assert abs(meshes['rotation']['area']) < 1e-5
     assert abs(meshes['anisotropic_scaling']['area']) > 1e-3  # a new shape
+    # Where the drops come from: the HKS inputs, the operators, the readout.
+    from benchmarks.mesh_input_transplant import transplant
+    drops = transplant(str(run), 'test', ['subdivision', 'jitter', 'rotation'])
+    assert drops['original'] == pytest.approx(100 * rows['original']['face_acc'])
+    assert drops['subdivision']['perturbed'] == pytest.approx(
+        rows['subdivision']['drop'])
+    assert 'only inputs perturbed' not in drops['subdivision']
+    assert drops['jitter']['perturbed'] == pytest.approx(rows['jitter']['drop'])
+    # Jitter keeps the faces: an invariant model loses nothing, and the
+    # original faces are the copy's own.
+    assert drops['jitter']['invariant model'] == 0
+    assert drops['jitter']['at the original faces'] == pytest.approx(
+        drops['jitter']['perturbed'])
+    # DiffusionNet on HKS does not see a rotation, however it is read.
+    assert all(abs(drop) < 1e-9 for drop in drops['rotation'].values())
 
 
 def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):

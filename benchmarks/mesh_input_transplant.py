@@ -1,0 +1,202 @@
+"""How much of a trained human_seg model's accuracy drop under a
+perturbation comes from its input descriptor (the HKS) and how much from
+the mesh operators and connectivity it runs on: each perturbed copy of the
+meshes scored three ways,
+
+- ``perturbed``: as ``experiment human_seg_robust`` scores it (its own HKS,
+  operators and connectivity);
+- ``original inputs``: the perturbed mesh with the original mesh's HKS
+  carried over (the original vertices keep theirs; a vertex Loop
+  subdivision adds on an edge takes the mean of that edge's two original
+  vertices), so only the operators and connectivity differ;
+- ``only inputs perturbed`` (perturbations that keep the vertices and the
+  faces: jitter, anisotropic scaling, rotation): the original mesh with the
+  perturbed copy's HKS, so only the descriptor differs;
+- ``invariant model``: the original mesh's vertex logits carried to the
+  copy's vertices as the HKS above and read out at its faces: what a model
+  exactly invariant to the perturbation would lose, the cost of reading a
+  vertex model out at faces it did not see (subdivision's corner faces
+  lean towards their one original vertex);
+- ``at the original faces``: the perturbed copy's face logits averaged
+  over the faces that stem from one original face and scored against the
+  original labels, at the resolution the labels were drawn (an invariant
+  model loses nothing here).
+
+    python benchmarks/mesh_input_transplant.py RUN [RUN ...] [--split val] \
+        [--perturbations subdivision,jitter,anisotropic_scaling] [--out FOLDER]
+
+``RUN``: folders written by ``pyg-metric-attn train human_seg`` whose model
+reads HKS inputs; the perturbed meshes are those of ``experiment
+human_seg_robust`` (seed 0), read from or written to the run's processed
+folder. Writes ``transplant.md`` and ``transplant.json`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from torch_geometric.utils import scatter
+from tqdm.auto import tqdm
+
+from pyg_metric_attn.datasets import PerturbedMeshes
+from pyg_metric_attn.experiments.human_seg_robust import score_set, split_meshes
+from pyg_metric_attn.experiments.run_folder import load_run
+from pyg_metric_attn.training.eval_mode import eval_mode
+from pyg_metric_attn.training.segmentation import face_logits
+
+#: Perturbations that keep the original vertices first, in order.
+SAME_VERTICES = ('subdivision', 'anisotropic_scaling', 'jitter', 'rotation')
+
+
+def carried(values: torch.Tensor, copy) -> torch.Tensor:
+    """Per-vertex ``values`` of the original mesh on the copy's vertices: the
+    original vertices (the copy's first) keep theirs, every added vertex
+    takes the mean over its neighbours among the original vertices (the two
+    ends of the edge Loop subdivision split)."""
+    count = values.size(0)
+    if copy.num_nodes == count:
+        return values
+    src, dst = copy.edge_index
+    added = (dst >= count) & (src < count)
+    sums = values.new_zeros(copy.num_nodes, values.size(1))
+    sums.index_add_(0, dst[added], values[src[added]])
+    ends = torch.bincount(dst[added], minlength=copy.num_nodes)
+    if not bool((ends[count:] == 2).all()):
+        raise ValueError(f"{copy.name}: an added vertex is not on one edge "
+                         f"of two original vertices; not a Loop subdivision")
+    carried_values = sums / ends.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+    carried_values[:count] = values
+    return carried_values
+
+
+def at_original_faces(face_values: torch.Tensor, copy,
+                      num_faces: int) -> torch.Tensor:
+    """Per-face values of a perturbed copy averaged over the faces that stem
+    from each of the original mesh's ``num_faces`` faces."""
+    return scatter(face_values, copy.source_face, dim=0, dim_size=num_faces,
+                   reduce='mean')
+
+
+def readout_accuracies(task, model, meshes, copies) -> dict[str, float]:
+    """Two readouts of the copies that tell the model from the labels'
+    resolution:
+
+    - ``'invariant model'``: the face accuracy on the copies of a model
+      exactly invariant to the perturbation, the original meshes' vertex
+      logits carried to the copies' vertices (:func:`carried`) and read out
+      at the copies' faces;
+    - ``'at the original faces'``: the model's face logits on the copies
+      averaged over the faces that stem from one original face, scored
+      against the original labels (for subdivision the four faces of each
+      original face; for an invariant model this gives back the original
+      face logits exactly)."""
+    correct = dict.fromkeys(('invariant model', 'at the original faces'), 0)
+    faces = original_faces = 0
+    with eval_mode(model):
+        for mesh, copy in zip(meshes, copies, strict=True):
+            logits = carried(task.forward(model, mesh), copy)
+            predicted = face_logits(logits, copy.face).argmax(-1)
+            correct['invariant model'] += int((predicted == copy.y).sum())
+            faces += copy.y.numel()
+            pooled = at_original_faces(
+                face_logits(task.forward(model, copy), copy.face), copy,
+                mesh.y.numel())
+            correct['at the original faces'] += int(
+                (pooled.argmax(-1) == mesh.y).sum())
+            original_faces += mesh.y.numel()
+    return {'invariant model': correct['invariant model'] / faces,
+            'at the original faces': (correct['at the original faces']
+                                      / original_faces)}
+
+
+def with_hks(mesh, hks: torch.Tensor, source_face: torch.Tensor):
+    """A copy of ``mesh`` whose HKS inputs are ``hks`` and whose faces stem
+    from the original faces ``source_face``."""
+    mesh = mesh.clone()
+    mesh.hks, mesh.source_face = hks, source_face
+    return mesh
+
+
+def transplant(run: str, split: str, perturbations: list[str]) -> dict:
+    """``{perturbation: {way: drop in points}}`` of one run, and the
+    accuracy on the unperturbed meshes under ``'original'``."""
+    task, model, description = load_run(run, 'human_seg', {},
+                                        command='mesh_input_transplant')
+    if task.config.features != 'hks':
+        raise ValueError(f"'{run}' reads {task.config.features!r} inputs, "
+                         f"not HKS")
+    meshes = split_meshes(task, split)
+    root = Path(meshes.processed_root) / 'robustness'
+    originals = [task.predict(model, mesh) for mesh in meshes]
+    base = score_set(task, model, meshes, originals, False)['face_acc']
+    result = {'original': 100 * base}
+    for perturbation in perturbations:
+        copies = list(PerturbedMeshes(
+            root, meshes, perturbation, 0, pre_transform=task.preprocessing,
+            num_workers=task.config.num_workers, log=False))
+        ways = {'perturbed': copies,
+                'original inputs': [with_hks(copy, carried(mesh.hks, copy),
+                                             copy.source_face)
+                                    for mesh, copy in zip(meshes, copies,
+                                                          strict=True)]}
+        if perturbation != 'subdivision':
+            # The original mesh with the copy's HKS: its faces and labels
+            # are the original's, every face its own source.
+            ways['only inputs perturbed'] = [
+                with_hks(mesh, copy.hks, copy.source_face)
+                for mesh, copy in zip(meshes, copies, strict=True)]
+        result[perturbation] = {
+            way: 100 * (base - score_set(task, model, sets, originals,
+                                         True)['face_acc'])
+            for way, sets in tqdm(ways.items(), desc=f'{Path(run).name} '
+                                  f'{perturbation}')}
+        result[perturbation].update({
+            way: 100 * (base - accuracy) for way, accuracy in
+            readout_accuracies(task, model, meshes, copies).items()})
+    print(description)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument('runs', nargs='+', metavar='RUN')
+    parser.add_argument('--split', choices=('test', 'val'), default='test')
+    parser.add_argument('--perturbations',
+                        default='subdivision,jitter,anisotropic_scaling',
+                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
+    parser.add_argument('--out', default='runs/mesh_input_transplant')
+    parser.add_argument('--threads', type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    perturbations = args.perturbations.split(',')
+    unknown = sorted(set(perturbations) - set(SAME_VERTICES))
+    if unknown:
+        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
+                     f"original vertices")
+    results = {run: transplant(run, args.split, perturbations)
+               for run in args.runs}
+    ways = ('perturbed', 'original inputs', 'only inputs perturbed',
+            'invariant model', 'at the original faces')
+    lines = [f'Drop in face accuracy (points) on the {args.split} meshes, '
+             f'perturbation seed 0.', '',
+             '| run | accuracy % | perturbation | ' + ' | '.join(ways) + ' |',
+             '|---|---|---|' + '---|' * len(ways)]
+    for run, result in results.items():
+        for perturbation in perturbations:
+            row = result[perturbation]
+            lines.append(f"| {Path(run).name} | {result['original']:.2f} | "
+                         f'{perturbation} | ' + ' | '.join(
+                             f'{row[way]:.2f}' if way in row else '-'
+                             for way in ways) + ' |')
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'transplant.md').write_text('\n'.join(lines) + '\n')
+    (out / 'transplant.json').write_text(json.dumps(results, indent=1))
+    print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+    main()
