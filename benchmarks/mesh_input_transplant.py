@@ -20,7 +20,10 @@ meshes scored three ways,
 - ``at the original faces``: the perturbed copy's face logits averaged
   over the faces that stem from one original face and scored against the
   original labels, at the resolution the labels were drawn (an invariant
-  model loses nothing here).
+  model loses nothing here);
+- ``ground truth``: the labels themselves read out as a vertex model is
+  (each original vertex the mean of its faces' one-hot labels, carried and
+  averaged at the copy's faces): what the labels' resolution alone costs.
 
     python benchmarks/mesh_input_transplant.py RUN [RUN ...] [--split val] \
         [--perturbations subdivision,jitter,anisotropic_scaling] [--out FOLDER]
@@ -37,10 +40,11 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch_geometric.utils import scatter
 from tqdm.auto import tqdm
 
-from pyg_metric_attn.datasets import PerturbedMeshes
+from pyg_metric_attn.datasets import BODY_PARTS, PerturbedMeshes
 from pyg_metric_attn.experiments.human_seg_robust import score_set, split_meshes
 from pyg_metric_attn.experiments.run_folder import load_run
 from pyg_metric_attn.training.eval_mode import eval_mode
@@ -77,6 +81,25 @@ def at_original_faces(face_values: torch.Tensor, copy,
     from each of the original mesh's ``num_faces`` faces."""
     return scatter(face_values, copy.source_face, dim=0, dim_size=num_faces,
                    reduce='mean')
+
+
+def ground_truth_drop(meshes, copies, num_classes: int) -> float:
+    """Points the labels themselves lose to the copies' faces when read out
+    as a vertex model is: each original vertex takes the mean of its faces'
+    one-hot labels, carried to the copies (:func:`carried`) and averaged at
+    the faces, against the same readout at the original faces."""
+    correct = [0, 0]
+    faces = [0, 0]
+    for mesh, copy in zip(meshes, copies, strict=True):
+        labels = F.one_hot(mesh.y, num_classes).to(torch.float64)
+        at_vertices = scatter(labels.repeat(3, 1), mesh.face.flatten(), dim=0,
+                              dim_size=mesh.num_nodes, reduce='mean')
+        for i, (values, target) in enumerate((
+                (face_logits(at_vertices, mesh.face), mesh.y),
+                (face_logits(carried(at_vertices, copy), copy.face), copy.y))):
+            correct[i] += int((values.argmax(-1) == target).sum())
+            faces[i] += target.numel()
+    return 100 * (correct[0] / faces[0] - correct[1] / faces[1])
 
 
 def readout_accuracies(task, model, meshes, copies) -> dict[str, float]:
@@ -154,7 +177,9 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
                                   f'{perturbation}')}
         result[perturbation].update({
             way: 100 * (base - accuracy) for way, accuracy in
-            readout_accuracies(task, model, meshes, copies).items()})
+            readout_accuracies(task, model, meshes, copies).items()},
+            **{'ground truth': ground_truth_drop(meshes, copies,
+                                                 len(BODY_PARTS))})
     print(description)
     return result
 
@@ -179,7 +204,7 @@ def main() -> None:
     results = {run: transplant(run, args.split, perturbations)
                for run in args.runs}
     ways = ('perturbed', 'original inputs', 'only inputs perturbed',
-            'invariant model', 'at the original faces')
+            'invariant model', 'at the original faces', 'ground truth')
     lines = [f'Drop in face accuracy (points) on the {args.split} meshes, '
              f'perturbation seed 0.', '',
              '| run | accuracy % | perturbation | ' + ' | '.join(ways) + ' |',

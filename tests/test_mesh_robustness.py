@@ -214,6 +214,7 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     # Jitter keeps the faces: an invariant model loses nothing, and the
     # original faces are the copy's own.
     assert drops['jitter']['invariant model'] == 0
+    assert drops['jitter']['ground truth'] == 0
     assert drops['jitter']['at the original faces'] == pytest.approx(
         drops['jitter']['perturbed'])
     # DiffusionNet on HKS does not see a rotation, however it is read.
