@@ -132,13 +132,15 @@ def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path,
 
 
 def test_an_invariant_model_loses_nothing_at_the_original_faces():
-    """benchmarks/mesh_input_transplant: vertex values carried to a Loop
-    subdivision (an added vertex takes the mean of the edge it splits) and
-    read out at the new faces differ from the original faces' values (the
-    corner faces lean to their corner), but averaged over the four faces of
-    each original face they give those values back exactly: the readout that
+    """Vertex values carried to a Loop subdivision (benchmarks/
+    mesh_input_transplant: an added vertex takes the mean of the edge it
+    splits) and read out at the new faces differ from the original faces'
+    values (the corner faces lean to their corner), but averaged over the
+    four faces of each original face (human_seg_robust's drop at the
+    original faces) they give those values back exactly: the readout that
     tells a model's change from the labels' resolution."""
-    from benchmarks.mesh_input_transplant import at_original_faces, carried
+    from benchmarks.mesh_input_transplant import carried
+    from pyg_metric_attn.experiments.human_seg_robust import at_original_faces
     from pyg_metric_attn.training.segmentation import face_logits
 
     pos, face, _ = labelled_capsule()
@@ -150,8 +152,10 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
     fine = face_logits(carried(values, copy), copy.face)
     original = face_logits(values, torch.from_numpy(face.T.copy()))
     assert not torch.allclose(fine, original[copy.source_face])
-    torch.testing.assert_close(at_original_faces(fine, copy, len(face)),
-                               original)
+    torch.testing.assert_close(
+        at_original_faces(fine, copy.source_face, len(face)), original)
+    # A copy that left an original face without faces is not read there.
+    assert at_original_faces(fine[4:], copy.source_face[4:], len(face)) is None
     # An added vertex linked to one original vertex only splits no edge.
     src, dst = copy.edge_index
     ends = torch.nonzero((dst == len(pos)) & (src < len(pos))).flatten()
@@ -180,6 +184,12 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     rows = {row['perturbation']: row for row in results['runs'][0]['rows']}
     assert list(rows) == ['original', *PERTURBATIONS]
     assert rows['original']['drop'] == 0 and rows['original']['agreement'] == 1
+    # Read at the original faces: wherever every original face has a copy's
+    # faces (the same faces but for subdivision's four), not after decimation.
+    assert rows['decimation']['source_drop'] is None
+    assert isinstance(rows['subdivision']['source_drop'], float)
+    for kind in ('jitter', 'rotation', 'renumbering', 'anisotropic_scaling'):
+        assert rows[kind]['source_drop'] == pytest.approx(rows[kind]['drop'])
     assert rows['subdivision']['faces'] == 4 * rows['original']['faces']
     # DiffusionNet on HKS sees neither the pose nor the numbering.
     assert rows['renumbering']['agreement'] > 0.99
@@ -189,6 +199,7 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
             100 * (rows['original']['face_acc'] - row['face_acc']))
     assert (out / 'human_seg_robust.png').stat().st_size > 0
     assert '| renumbering |' in (out / 'summary.md').read_text()
+    assert 'drop at the original faces' in (out / 'summary.md').read_text()
     assert sorted(p.name.split('_seed')[0] for p in
                   (root / 'processed').rglob('robustness/*/*_seed0_*.pt')) == \
         sorted(f'{kind}-v{PERTURBATION_VERSIONS[kind]}' for kind in PERTURBATIONS)
@@ -209,6 +220,8 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert drops['original'] == pytest.approx(100 * rows['original']['face_acc'])
     assert drops['subdivision']['perturbed'] == pytest.approx(
         rows['subdivision']['drop'])
+    assert drops['subdivision']['at the original faces'] == pytest.approx(
+        rows['subdivision']['source_drop'])
     assert 'only inputs perturbed' not in drops['subdivision']
     assert drops['jitter']['perturbed'] == pytest.approx(rows['jitter']['drop'])
     # Jitter keeps the faces: an invariant model loses nothing, and the
@@ -308,9 +321,11 @@ def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
     task = SimpleNamespace(
         split_meshes=lambda split: [mesh], preprocessing=None,
         config=SimpleNamespace(num_workers=1),
-        predict=lambda model, mesh: torch.zeros(10, dtype=torch.long))
+        predict=lambda model, mesh: torch.zeros(10, dtype=torch.long),
+        face_scores=lambda model, mesh: torch.zeros(10, 8))
     monkeypatch.setattr(datasets, 'PerturbedMeshes',
                         lambda root, meshes, *args, **kwargs: meshes)
     original, rotated = score(task, None, ['rotation'], 0, tmp_path, draws=3)
     assert original['face_acc'] == 0.1 and rotated['draw_drops'] == [0.0] * 3
     assert rotated['drop'] == 0.0 and rotated['agreement'] == 1.0
+    assert rotated['source_drop'] == 0.0

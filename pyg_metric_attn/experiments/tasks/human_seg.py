@@ -520,12 +520,16 @@ class HumanSegTask(Task):
             self.save_example(model, out_dir)
         return {'history': history, 'final': final}
 
-    def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
-        """Predicted face labels of one processed mesh (on the CPU)."""
+    def face_scores(self, model: torch.nn.Module, mesh) -> torch.Tensor:
+        """Face logits ``[F, classes]`` of one processed mesh (on the CPU),
+        each face's the mean of its vertices' (what the loss reads)."""
         model, mesh = self.placement.move(model), self.placement.move(mesh)
         with eval_mode(model), self.placement.autocast():
-            return face_logits(self.forward(model, mesh),
-                               mesh.face).argmax(-1).cpu()
+            return face_logits(self.forward(model, mesh), mesh.face).cpu()
+
+    def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
+        """Predicted face labels of one processed mesh (on the CPU)."""
+        return self.face_scores(model, mesh).argmax(-1)
 
     def prepare_mesh(self, pos, face, name: str):
         """A mesh as read from its file, processed as the training meshes
