@@ -231,8 +231,11 @@ def summary_table(results: dict[str, Any]) -> str:
     lines = [f"Face accuracy of trained human_seg runs on perturbed copies of "
              f"the {results['meshes']} {SPLIT_NAMES[results['split']]} "
              f"({seeds_text(results)}); "
-             f"drop: points below the original; agreement: faces predicted "
-             f"as the original face they stem from.", '']
+             f"drop: points below the original; drop at the original "
+             f"faces: the same, of the copy's face logits averaged over the "
+             f"faces that stem from each original face ('-': a copy that "
+             f"leaves some without); agreement: faces predicted as the "
+             f"original face they stem from.", '']
     for run in results['runs']:
         lines += [run['description'], '',
                   '| mesh set | faces | face acc % | drop (points) | '
