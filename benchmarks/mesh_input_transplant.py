@@ -1,7 +1,7 @@
 """How much of a trained human_seg model's accuracy drop under a
 perturbation comes from its input descriptor (the HKS) and how much from
 the mesh operators and connectivity it runs on: each perturbed copy of the
-meshes scored three ways,
+meshes read six ways,
 
 - ``perturbed``: as ``experiment human_seg_robust`` scores it (its own HKS,
   operators and connectivity);
@@ -32,7 +32,8 @@ meshes scored three ways,
 ``RUN``: folders written by ``pyg-metric-attn train human_seg`` whose model
 reads HKS inputs; the perturbed meshes are those of ``experiment
 human_seg_robust`` (seed 0), read from or written to the run's processed
-folder. Writes ``transplant.md`` and ``transplant.json`` to ``--out``.
+folder. Writes ``transplant.md``, ``transplant.json`` and ``transplant.png``
+to ``--out``.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ from pyg_metric_attn.training.segmentation import face_logits
 
 #: Perturbations that keep the original vertices first, in order.
 SAME_VERTICES = ('subdivision', 'anisotropic_scaling', 'jitter', 'rotation')
+#: The readings of each perturbation, in the order of the table.
+WAYS = ('perturbed', 'original inputs', 'only inputs perturbed',
+        'invariant model', 'at the original faces', 'ground truth')
 
 
 def carried(values: torch.Tensor, copy) -> torch.Tensor:
@@ -180,24 +184,48 @@ def main() -> None:
                      f"original vertices")
     results = {run: transplant(run, args.split, perturbations)
                for run in args.runs}
-    ways = ('perturbed', 'original inputs', 'only inputs perturbed',
-            'invariant model', 'at the original faces', 'ground truth')
     lines = [f'Drop in face accuracy (points) on the {args.split} meshes, '
              f'perturbation seed 0.', '',
-             '| run | accuracy % | perturbation | ' + ' | '.join(ways) + ' |',
-             '|---|---|---|' + '---|' * len(ways)]
+             '| run | accuracy % | perturbation | ' + ' | '.join(WAYS) + ' |',
+             '|---|---|---|' + '---|' * len(WAYS)]
     for run, result in results.items():
         for perturbation in perturbations:
             row = result[perturbation]
             lines.append(f"| {Path(run).name} | {result['original']:.2f} | "
                          f'{perturbation} | ' + ' | '.join(
                              f'{row[way]:.2f}' if way in row else '-'
-                             for way in ways) + ' |')
+                             for way in WAYS) + ' |')
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / 'transplant.md').write_text('\n'.join(lines) + '\n')
     (out / 'transplant.json').write_text(json.dumps(results, indent=1))
+    plot(results, args.split, out / 'transplant.png')
     print('\n'.join(lines))
+
+
+def plot(results: dict, split: str, path: Path) -> None:
+    """One panel per perturbation: each run's drop, read each way."""
+    from pyg_metric_attn.visualization import file_figure
+
+    perturbations = [key for key in next(iter(results.values()))
+                     if key != 'original']
+    figure = file_figure(figsize=(5 * len(perturbations), 4))
+    width = 0.8 / len(results)
+    for panel, perturbation in enumerate(perturbations):
+        ax = figure.add_subplot(1, len(perturbations), panel + 1)
+        for index, (run, result) in enumerate(results.items()):
+            drops = result[perturbation]
+            ax.bar([WAYS.index(way) + (index - (len(results) - 1) / 2) * width
+                    for way in drops], list(drops.values()), width,
+                   label=Path(run).name)
+        ax.set_xticks(range(len(WAYS)), WAYS, rotation=30, ha='right')
+        ax.set_title(perturbation)
+        ax.set_ylabel('drop in face accuracy (points)')
+        ax.grid(alpha=0.3, axis='y')
+    ax.legend(fontsize=7)
+    figure.suptitle(f'human_seg {split} meshes: where the drop comes from')
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 if __name__ == '__main__':

@@ -232,6 +232,9 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         drops['jitter']['perturbed'])
     # DiffusionNet on HKS does not see a rotation, however it is read.
     assert all(abs(drop) < 1e-9 for drop in drops['rotation'].values())
+    from benchmarks.mesh_input_transplant import plot
+    plot({str(run): drops}, 'test', tmp_path / 'transplant.png')
+    assert (tmp_path / 'transplant.png').stat().st_size > 0
 
 
 def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
