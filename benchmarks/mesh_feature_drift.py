@@ -112,6 +112,32 @@ def drift(run: str, perturbations: list[str]
     return features, meshes
 
 
+def parse_arguments(description: str, perturbations: str, out: str,
+                    **extra: dict) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments of a script that reads trained runs on perturbed meshes
+    with their original vertices: ``RUN [RUN ...]``, ``--perturbations``
+    (default ``perturbations``; checked to be of :data:`SAME_VERTICES`),
+    ``--out`` (default ``out``), ``--threads`` (set), and ``extra`` options
+    (``{flag: add_argument keywords}``)."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument('runs', nargs='+', metavar='RUN')
+    for flag, options in extra.items():
+        parser.add_argument(flag, **options)
+    parser.add_argument('--perturbations', default=perturbations,
+                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
+    parser.add_argument('--out', default=out)
+    parser.add_argument('--threads', type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    names = args.perturbations.split(',')
+    unknown = sorted(set(names) - set(SAME_VERTICES))
+    if unknown:
+        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
+                     f"original vertices")
+    return args, names
+
+
 def stage_names(results: dict[str, dict[str, dict[str, float]]],
                 perturbation: str) -> list[str]:
     """Every run's stages of ``perturbation``, in order of appearance."""
@@ -121,20 +147,8 @@ def stage_names(results: dict[str, dict[str, dict[str, float]]],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('runs', nargs='+', metavar='RUN')
-    parser.add_argument('--perturbations', default='subdivision,jitter',
-                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
-    parser.add_argument('--out', default='runs/mesh_feature_drift')
-    parser.add_argument('--threads', type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    perturbations = args.perturbations.split(',')
-    unknown = sorted(set(perturbations) - set(SAME_VERTICES))
-    if unknown:
-        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
-                     f"original vertices")
+    args, perturbations = parse_arguments(
+        __doc__, 'subdivision,jitter', 'runs/mesh_feature_drift')
     results, meshes = {}, None
     for run in args.runs:  # the same test meshes for every run
         results[run], meshes = drift(run, perturbations)

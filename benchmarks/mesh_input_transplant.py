@@ -26,7 +26,7 @@ meshes read six ways,
   (each original vertex the mean of its faces' one-hot labels, carried and
   averaged at the copy's faces): what the labels' resolution alone costs.
 
-    python benchmarks/mesh_input_transplant.py RUN [RUN ...] [--split val] \
+    python -m benchmarks.mesh_input_transplant RUN [RUN ...] [--split val] \
         [--perturbations subdivision,jitter,anisotropic_scaling] [--out FOLDER]
 
 ``RUN``: folders written by ``pyg-metric-attn train human_seg`` whose model
@@ -37,7 +37,6 @@ to ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -46,14 +45,13 @@ import torch.nn.functional as F
 from torch_geometric.utils import scatter
 from tqdm.auto import tqdm
 
+from benchmarks.mesh_feature_drift import parse_arguments
 from pyg_metric_attn.datasets import BODY_PARTS, PerturbedMeshes
 from pyg_metric_attn.experiments.human_seg_robust import score_set, split_meshes
 from pyg_metric_attn.experiments.run_folder import load_run
 from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.training.segmentation import face_logits
 
-#: Perturbations that keep the original vertices first, in order.
-SAME_VERTICES = ('subdivision', 'anisotropic_scaling', 'jitter', 'rotation')
 #: The readings of each perturbation, in the order of the table.
 WAYS = ('perturbed', 'original inputs', 'only inputs perturbed',
         'invariant model', 'at the original faces', 'ground truth')
@@ -166,22 +164,10 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('runs', nargs='+', metavar='RUN')
-    parser.add_argument('--split', choices=('test', 'val'), default='test')
-    parser.add_argument('--perturbations',
-                        default='subdivision,jitter,anisotropic_scaling',
-                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
-    parser.add_argument('--out', default='runs/mesh_input_transplant')
-    parser.add_argument('--threads', type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    perturbations = args.perturbations.split(',')
-    unknown = sorted(set(perturbations) - set(SAME_VERTICES))
-    if unknown:
-        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
-                     f"original vertices")
+    args, perturbations = parse_arguments(
+        __doc__, 'subdivision,jitter,anisotropic_scaling',
+        'runs/mesh_input_transplant',
+        **{'--split': dict(choices=('test', 'val'), default='test')})
     results = {run: transplant(run, args.split, perturbations)
                for run in args.runs}
     lines = [f'Drop in face accuracy (points) on the {args.split} meshes, '
