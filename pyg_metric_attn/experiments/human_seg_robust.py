@@ -183,11 +183,11 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
               ) -> dict[str, Any]:
     """Face accuracy of ``model`` on one set of ``meshes``, the perturbed
     copies of the originals (``perturbed``) or the originals themselves, and
-    the agreement with the originals' predictions ``originals``. With the
-    originals' face labels ``original_labels`` also ``source_face_acc``: the
-    accuracy read at the original faces (:func:`at_original_faces` of the
-    copies' face logits), :obj:`None` where a copy leaves an original face
-    without faces."""
+    the agreement with the originals' predictions ``originals``. Of copies,
+    with the originals' face labels ``original_labels``, also
+    ``source_face_acc``: the accuracy read at the original faces
+    (:func:`at_original_faces` of the copies' face logits), :obj:`None`
+    where a copy leaves an original face without faces."""
     correct = agree = faces = 0
     source_correct, source_faces = 0, 0
     per_mesh = []
@@ -203,7 +203,8 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
         agree += int((predicted == original[source]).sum())
         faces += mesh.y.numel()
         per_mesh.append(hits / mesh.y.numel())
-        if original_labels is not None and source_correct is not None:
+        if (perturbed and original_labels is not None
+                and source_correct is not None):
             labels = original_labels[index]
             pooled = at_original_faces(scores, source, labels.numel())
             source_correct = (None if pooled is None else source_correct
@@ -211,7 +212,7 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
             source_faces += labels.numel()
     result = dict(faces=faces, face_acc=correct / faces,
                   agreement=agree / faces, mesh_face_acc=per_mesh)
-    if original_labels is not None:
+    if perturbed and original_labels is not None:
         result['source_face_acc'] = (None if source_correct is None
                                      else source_correct / source_faces)
     return result
