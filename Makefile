@@ -64,10 +64,12 @@ endif
 
 ## Lint and the test suite, with the optional torch-scatter/torch-sparse and
 ## triton installed (Triton kernels run in its interpreter without a GPU). The
-## suite also runs the core tests (tests/core) with every extra hidden.
+## suite also runs the core tests (tests/core) with every extra hidden. Two
+## pytest-xdist workers, one per core of the 2-core machine (serially the
+## suite takes about twice as long).
 test: $(call stamp,$(TEST_EXTRAS)) $(SAMPLING_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 ## The core tests in a venv that has only the core install (torch,
 ## torch-geometric, numpy, scipy, tqdm): pyg_metric_attn, its layers and models
