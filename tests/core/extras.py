@@ -12,7 +12,8 @@ PYPROJECT = Path(__file__).resolve().parents[2] / 'pyproject.toml'
 #: Extras that no library module imports from.
 TOOLING = ('dev', 'docs')
 #: Import names that are not the distribution name with '_' for '-'.
-IMPORT_NAMES = {'scikit-image': 'skimage', 'scikit-learn': 'sklearn'}
+IMPORT_NAMES = {'scikit-image': 'skimage', 'scikit-learn': 'sklearn',
+                'pytest-xdist': 'xdist'}
 #: Further top-level modules that a distribution of an extra installs.
 ALSO_INSTALLED = {'matplotlib': ('mpl_toolkits',)}
 
