@@ -1,11 +1,13 @@
 """Shared fixtures: the test device, scatter backends, random graphs, the
-shared data root, a server that never answers.
+shared data root, a server that never answers, intra-op threads without the
+denormal flush.
 
 ``pytest --device cuda`` (or ``PYG_METRIC_ATTN_TEST_DEVICE=cuda``) runs the
 tests that take the ``device`` fixture on the GPU; the rest, and everything by
 default, run on the CPU as before."""
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -22,6 +24,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
 import torch_geometric.typing  # noqa: E402
+
+from pyg_metric_attn.utils import denormals  # noqa: E402
 
 try:
     import torch_scatter  # noqa: F401
@@ -75,6 +79,25 @@ def one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads, all without flushing (an earlier test or a
+    loaded fast-math library may have switched it on), restored afterwards."""
+    runtime = denormals._runtime()
+    if runtime is None:
+        pytest.skip('no OpenMP runtime on Linux x86-64 to flush denormals on')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    saved = denormals._Environment()
+    runtime.fegetenv(ctypes.byref(saved))
+    cleared = denormals._Environment.from_buffer_copy(saved)
+    cleared.mxcsr &= ~denormals.FLUSH_BITS
+    runtime.set_on_all_threads(cleared)
+    yield
+    runtime.set_on_all_threads(saved)
     torch.set_num_threads(threads)
 
 

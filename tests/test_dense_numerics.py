@@ -4,7 +4,6 @@ flushed on every intra-op thread."""
 from __future__ import annotations
 
 import copy
-import ctypes
 import json
 import math
 import os
@@ -300,25 +299,6 @@ def test_clear_errors():
         MetricAttentionConv(8, 4).forward_point_sets(x, unsorted)
     with pytest.raises(ValueError, match="'batch' must be sorted"):
         MetricMultiheadAttention(8, 2).forward_point_sets(x, unsorted)
-
-
-@pytest.fixture
-def two_threads():
-    """Two intra-op threads, all without flushing (an earlier test or a
-    loaded fast-math library may have switched it on), restored afterwards."""
-    runtime = denormals._runtime()
-    if runtime is None:
-        pytest.skip('no OpenMP runtime on Linux x86-64 to flush denormals on')
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    saved = denormals._Environment()
-    runtime.fegetenv(ctypes.byref(saved))
-    cleared = denormals._Environment.from_buffer_copy(saved)
-    cleared.mxcsr &= ~denormals.FLUSH_BITS
-    runtime.set_on_all_threads(cleared)
-    yield
-    runtime.set_on_all_threads(saved)
-    torch.set_num_threads(threads)
 
 
 def tiny_products(x):

@@ -214,3 +214,39 @@ def test_epoch_generator_is_one_stream_per_seed_and_epoch():
     expected = torch.randperm(50, generator=torch.Generator().manual_seed(
         2 * 1_000_003 + 5))
     assert torch.equal(draw(2, 5), expected)
+
+
+def flushed_on_every_thread(tiny: torch.Tensor) -> bool:
+    """Whether ``tiny * 1e-19`` (denormal, 1e-39) came out as zero on every
+    intra-op thread's share of ``tiny``."""
+    return bool(torch.all(tiny * 1e-19 == 0))
+
+
+@pytest.mark.parametrize('flush', [True, False])
+def test_trainer_flushes_denormals_in_steps_backward_and_evaluation(two_threads,
+                                                                    flush):
+    """Weights and gradients that decay towards zero pass through the denormal
+    range, where x86 CPUs are many times slower; the epochs run with them
+    flushed (by default) and the caller's setting comes back after fit."""
+    tiny = torch.full((1 << 20,), 1e-20)  # both threads compute half of it
+    seen = {}
+    model = torch.nn.Linear(1, 1)
+
+    def record(name):
+        seen[name] = flushed_on_every_thread(tiny)
+
+    def step(model, batch):
+        record('step')
+        out = model(batch)
+        out.register_hook(lambda grad: record('backward'))
+        return out.sum()
+
+    def evaluate(model):
+        record('evaluate')
+        return {}
+
+    kwargs = {} if flush else {'flush_denormals': False}
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), step, evaluate,
+            progress=False, **kwargs).fit(lambda epoch: [torch.ones(2, 1)], 2)
+    assert seen == {'step': flush, 'backward': flush, 'evaluate': flush}
+    assert not flushed_on_every_thread(tiny)
