@@ -1,7 +1,10 @@
 """Command line: ``pyg-metric-attn COMMAND ...`` (or ``python -m pyg_metric_attn``).
 
 Errors the user can fix (a bad mesh, a missing run folder, an unknown option)
-are printed as one line; ``--debug`` shows the traceback instead.
+are printed as one line; ``--debug`` shows the traceback instead. Commands run
+with denormal floats flushed to zero on the CPU threads
+(:func:`~pyg_metric_attn.utils.denormals.denormals_flushed`): trained weights
+drift into that range, where x86 CPUs compute many times slower.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pyg_metric_attn.utils.denormals import denormals_flushed
 from pyg_metric_attn.utils.optional import needs_extra
 
 if TYPE_CHECKING:
@@ -428,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        return args.func(args)
+        with denormals_flushed():
+            return args.func(args)
     except (OSError, ValueError, RuntimeError) as error:
         # The library's own errors (MeshError is a ValueError, missing files,
         # corrupt checkpoints, downloads) name the problem: one line is enough.

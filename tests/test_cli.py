@@ -1,11 +1,14 @@
 """The command line's parsing: flags before and after the command, numbers
-and task options checked before anything runs, data folders that must exist."""
+and task options checked before anything runs, data folders that must exist;
+commands run with denormals flushed."""
 from __future__ import annotations
 
 import urllib.error
 
 import pytest
+import torch
 
+import pyg_metric_attn.cli as cli
 import pyg_metric_attn.datasets.human_segmentation as human_segmentation
 from pyg_metric_attn.cli import build_parser, main
 from pyg_metric_attn.experiments.tasks import HumanSegTask
@@ -116,3 +119,19 @@ def test_a_missing_root_is_refused_not_created(command, tmp_path, monkeypatch,
         main([*command, '--root', str(missing), '--epochs', '1', '--no-progress'])
     assert f"--root '{missing}' is no folder" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_commands_run_with_denormals_flushed(two_threads, monkeypatch, tmp_path):
+    """A trained model's weights reach the denormal range, where evaluating it
+    on a CPU is many times slower: every command runs with them flushed, and
+    the caller's setting comes back afterwards."""
+    tiny = torch.full((1 << 20,), 1e-20)  # both intra-op threads compute half
+    seen = []
+
+    def evaluate(args):
+        seen.append(bool(torch.all(tiny * 1e-19 == 0)))
+        return 0
+    monkeypatch.setattr(cli, '_evaluate', evaluate)
+    assert main(['evaluate', str(tmp_path)]) == 0
+    assert seen == [True]
+    assert torch.all(tiny * 1e-19 > 0)
