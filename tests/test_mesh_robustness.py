@@ -235,6 +235,14 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     from benchmarks.mesh_input_transplant import plot
     plot({str(run): drops}, 'test', tmp_path / 'transplant.png')
     assert (tmp_path / 'transplant.png').stat().st_size > 0
+    # What denormals cost the same run's steps: both settings measured.
+    from benchmarks.denormal_steps import denormal_count, markdown, measure
+    cost = measure(str(run), meshes=1, repeats=1, progress=False)
+    assert cost['denormal_weights'][1] > 0
+    assert all(cost[kind]['slowdown'] > 0 for kind in ('train', 'eval'))
+    assert '| training step |' in markdown(cost)
+    assert denormal_count([torch.tensor([1e-39, 1e-30, 0.0, -1e-40]),
+                           torch.tensor([1, 2])]) == (2, 4)
 
 
 def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
