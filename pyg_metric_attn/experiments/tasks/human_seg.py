@@ -104,6 +104,7 @@ from pyg_metric_attn.training import (
     unwrap,
 )
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.training.weight_decay import weight_decay_groups
 from pyg_metric_attn.transforms import (
     MeshPreprocessing,
     random_rotation,
@@ -137,6 +138,9 @@ class HumanSegConfig(TaskConfig):
     heads: int = setting(1, ge=1)
     lr: float = setting(1e-3, gt=0)
     weight_decay: float = setting(1e-4, ge=0)
+    #: Weight decay of the pseudo-metric maps' tanh MLPs (None: 'weight_decay';
+    #: see :mod:`pyg_metric_attn.training.weight_decay`).
+    metric_mlp_weight_decay: float | None = setting(None, ge=0)
     batch_size: int = setting(8, ge=1)
     #: Heat-kernel time t of metric/l2/dot: a number, 'matched' or
     #: {attention: t}.
@@ -475,8 +479,9 @@ class HumanSegTask(Task):
         model = self.placement.move(self.build_model(attention))
         if context.is_distributed:
             seed_everything(context.rank_seed(seed))
-        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
-                                     weight_decay=c.weight_decay)
+        optimizer = torch.optim.Adam(
+            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
+            lr=c.lr)
         scheduler = None
         if attention == STRONG_MODEL and c.former_cosine:
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
