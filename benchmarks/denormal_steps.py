@@ -51,8 +51,8 @@ def measure(run: str, meshes: int = 16, repeats: int = 3,
     task, model, description = load_run(run, 'human_seg', {})
     state = load_verified(Path(run) / 'last.pt')
     model.load_state_dict(state['model'])
-    optimizer = torch.optim.Adam(model.parameters())  # the run's settings:
-    optimizer.load_state_dict(state['optimizer'])  # lr, weight decay, moments
+    optimizer = task.build_optimizer(model)
+    optimizer.load_state_dict(state['optimizer'])  # lr, moments
     train, _ = task.datasets()
     batches = list(itertools.islice(DataLoader(train, 1), meshes))
     start_model, start_optimizer = (copy.deepcopy(model.state_dict()),

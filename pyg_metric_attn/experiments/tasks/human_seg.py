@@ -463,6 +463,14 @@ class HumanSegTask(Task):
         return F.cross_entropy(logits, batch.y,
                                label_smoothing=self.config.label_smoothing)
 
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Adam:
+        """Adam with the config's learning rate and weight decay (the
+        pseudo-metric MLPs' own with ``metric_mlp_weight_decay``)."""
+        c = self.config
+        return torch.optim.Adam(
+            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
+            lr=c.lr)
+
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
             resume: bool = False,
             before_training: Callable[[], None] | None = None,
@@ -479,9 +487,7 @@ class HumanSegTask(Task):
         model = self.placement.move(self.build_model(attention))
         if context.is_distributed:
             seed_everything(context.rank_seed(seed))
-        optimizer = torch.optim.Adam(
-            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
-            lr=c.lr)
+        optimizer = self.build_optimizer(model)
         scheduler = None
         if attention == STRONG_MODEL and c.former_cosine:
             scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
