@@ -189,8 +189,9 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
     (:func:`at_original_faces` of the copies' face logits), :obj:`None`
     where a copy leaves an original face without faces."""
     correct = agree = faces = 0
-    source_correct, source_faces = 0, 0
     per_mesh = []
+    # Per copy, the hits at the original faces (None: one has no faces).
+    source_hits: list[int | None] = []
     for index, (mesh, original) in enumerate(zip(meshes, originals,
                                                   strict=True)):
         if perturbed:
@@ -203,18 +204,17 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
         agree += int((predicted == original[source]).sum())
         faces += mesh.y.numel()
         per_mesh.append(hits / mesh.y.numel())
-        if (perturbed and original_labels is not None
-                and source_correct is not None):
+        if perturbed and original_labels is not None:
             labels = original_labels[index]
             pooled = at_original_faces(scores, source, labels.numel())
-            source_correct = (None if pooled is None else source_correct
-                              + int((pooled.argmax(-1) == labels).sum()))
-            source_faces += labels.numel()
+            source_hits.append(None if pooled is None else
+                               int((pooled.argmax(-1) == labels).sum()))
     result = dict(faces=faces, face_acc=correct / faces,
                   agreement=agree / faces, mesh_face_acc=per_mesh)
     if perturbed and original_labels is not None:
-        result['source_face_acc'] = (None if source_correct is None
-                                     else source_correct / source_faces)
+        result['source_face_acc'] = (
+            None if None in source_hits else
+            sum(source_hits) / sum(labels.numel() for labels in original_labels))
     return result
 
 
