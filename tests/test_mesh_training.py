@@ -26,6 +26,7 @@ from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.transforms import (
     MeshPreprocessing,
     rescaled_heat_kernel_signatures,
+    scale_to_area,
 )
 from pyg_metric_attn.utils.io import load_verified
 from pyg_metric_attn.visualization import label_colors, render_segmentations
@@ -353,6 +354,30 @@ def test_hks_min_time_computes_every_inputs_hks_at_its_times(synthetic_root):
         HumanSegTask(hks_min_time=0.1, former_diffusion=False, **SMALL)
     with pytest.raises(ValueError, match='hks_min_time'):
         HumanSegTask(hks_min_time=1.0, **SMALL)
+
+
+def test_mesh_area_scales_every_mesh_the_model_sees(synthetic_root):
+    common = dict(progress=False, synthetic_root=str(synthetic_root), **SMALL)
+    scaled_task = HumanSegTask(mesh_area=1.5, **common)
+    task = HumanSegTask(**common)
+    meshes = list(task.datasets()[0][:2])
+    batch = Batch.from_data_list(meshes)
+    torch.manual_seed(0)
+    model = task.build_model('metricformer').eval()
+    with torch.no_grad():
+        logits = scaled_task.forward(model, batch)
+        # The model sees the meshes scale_to_area gives, batched or one by one
+        # (as predict and the robustness experiment pass them).
+        torch.testing.assert_close(
+            logits, task.forward(model, scale_to_area(batch, 1.5)))
+        torch.testing.assert_close(scaled_task.forward(model, meshes[1]),
+                                   logits[batch.batch == 1], rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(logits, task.forward(model, batch), atol=1e-3)
+    assert batch.mass.sum() != pytest.approx(3.0, rel=1e-2)  # left as it was
+    with pytest.raises(ValueError, match="'mesh_area'.*former_diffusion=True"):
+        HumanSegTask(mesh_area=1.0, former_diffusion=False, **SMALL)
+    with pytest.raises(ValueError, match='mesh_area'):
+        HumanSegTask(mesh_area=0.0, **SMALL)
 
 
 def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root):

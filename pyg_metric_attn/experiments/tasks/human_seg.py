@@ -36,7 +36,11 @@ log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
 eigenpairs the former's diffusion carries). ``hks_min_time=T`` computes the
 HKS of every mesh at times log-spaced in ``[T, 1]`` instead of ``[0.01, 1]``
 (from the same eigenpairs): longer shortest times weigh less the upper end
-of the spectrum, which a coarse mesh resolves least. With ``augment_copies=N > 0``
+of the spectrum, which a coarse mesh resolves least. ``mesh_area=A`` scales
+every mesh to surface area ``A`` with its operators and HKS
+(:func:`~pyg_metric_attn.transforms.scale_to_area`; needs the eigenpairs),
+so that its inputs do not depend on the pose or roughness behind its unit
+maximum radius. With ``augment_copies=N > 0``
 every training mesh gets ``N`` perturbed copies per perturbation of
 ``augment_perturbations`` (:func:`~pyg_metric_attn.geometry.perturb_mesh`:
 remeshed, deformed, ...; one of a perturbation that draws nothing, as loop
@@ -109,6 +113,7 @@ from pyg_metric_attn.transforms import (
     MeshPreprocessing,
     random_rotation,
     rescaled_heat_kernel_signatures,
+    scale_to_area,
 )
 from pyg_metric_attn.utils.data_home import data_home
 from pyg_metric_attn.utils.io import atomic_write_text
@@ -165,6 +170,9 @@ class HumanSegConfig(TaskConfig):
     augment_perturbations: str = 'decimation,anisotropic_scaling,jitter'
     hks_time_jitter: float = setting(1.0, ge=1)
     hks_min_time: float = setting(HKS_MIN_TIME, gt=0, lt=1)
+    #: Every mesh scaled to this surface area with its operators after the
+    #: unit maximum radius (scale_to_area); None: that radius alone.
+    mesh_area: float | None = setting(None, gt=0)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
     val_fraction: float = setting(0.0, ge=0, lt=1)
     val_source: str | None = None
@@ -205,6 +213,10 @@ class HumanSegConfig(TaskConfig):
                 raise ValueError(f"'{name}' recomputes HKS from the meshes' "
                                  f"eigenpairs: it needs features='hks' and "
                                  f"former_diffusion=True")
+        if self.mesh_area is not None and not self.former.diffusion:
+            raise ValueError("'mesh_area' recomputes the HKS of the scaled "
+                             "meshes from their eigenpairs: it needs "
+                             "former_diffusion=True")
         if self.features != 'xyz' and (self.xyz_rotation != 'so3'
                                        or self.xyz_scaling != 1):
             raise ValueError("'xyz_rotation' and 'xyz_scaling' augment the "
@@ -313,6 +325,13 @@ class HumanSegTask(Task):
         former's gradient features)."""
         return self.config.former.diffusion and self.config.former.gradients
 
+    def scaled(self, batch):
+        """The meshes scaled to ``mesh_area`` with their operators (as they
+        are without it)."""
+        if self.config.mesh_area is None:
+            return batch
+        return scale_to_area(batch, self.config.mesh_area)
+
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex; when augmenting, coordinates are
         rotated and scaled (``xyz_rotation``, ``xyz_scaling``) and HKS
@@ -394,6 +413,7 @@ class HumanSegTask(Task):
 
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
         """Per-vertex logits of a batch of meshes."""
+        batch = self.scaled(batch)
         x = self.inputs(batch, augment)
         if isinstance(unwrap(model), DiffusionNet):
             gradients = ((batch.grad_index, batch.grad_weight)
