@@ -41,7 +41,7 @@ FORMER_STEPS = (('norm_local', 'diffusion'), ('norm_global', 'local'),
 def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor]:
     """The input features, the features after every block (and every step
     of a former block) and the logits of one mesh, by stage name."""
-    stages = {'input': task.inputs(mesh)}
+    stages = {'input': task.inputs(task.scaled(mesh))}
     hooks = []
     for b, block in enumerate(model.blocks):
         if isinstance(model, MetricMeshFormer):

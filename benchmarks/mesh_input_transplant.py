@@ -127,6 +127,11 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
     if task.config.features != 'hks':
         raise ValueError(f"'{run}' reads {task.config.features!r} inputs, "
                          f"not HKS")
+    if task.config.mesh_area is not None:
+        raise ValueError(f"'{run}' scales every mesh to an area "
+                         f"(mesh_area), which recomputes its HKS from its own "
+                         f"eigenpairs: HKS carried from another mesh are not "
+                         f"what it reads")
     meshes = split_meshes(task, split)
     root = Path(meshes.processed_root) / 'robustness'
     originals = [task.predict(model, mesh) for mesh in meshes]
