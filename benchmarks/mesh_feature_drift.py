@@ -4,7 +4,8 @@ made differently: for each perturbation that keeps the original vertices
 smoothing; jitter, anisotropic scaling and rotation move them in place),
 the change of the input features, of the features after each block (after
 each step of a MetricMeshFormer block: diffusion, local attention, global
-attention, FFN) and of the vertex logits, at the original vertices,
+attention, FFN; and the two parts of its diffusion step, the diffused
+channels and their spatial gradient features) and of the vertex logits, at the original vertices,
 relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over
 the test meshes).
 
@@ -45,6 +46,13 @@ def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor
     hooks = []
     for b, block in enumerate(model.blocks):
         if isinstance(model, MetricMeshFormer):
+            if block.gradient_features is not None:
+                # The diffusion step's two parts, as its output map reads
+                # them: the diffused channels and their gradient features.
+                hooks.append(block.lin_diffusion.register_forward_pre_hook(
+                    lambda module, args, b=b: stages.update(zip(
+                        (f'{b}.diffused', f'{b}.gradient features'),
+                        args[0].chunk(2, dim=-1)))))
             for norm, step in FORMER_STEPS:
                 if getattr(block, norm) is not None:
                     hooks.append(getattr(block, norm).register_forward_hook(
