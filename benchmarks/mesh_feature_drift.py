@@ -5,8 +5,8 @@ smoothing; jitter, anisotropic scaling and rotation move them in place),
 the change of the input features, of the features after each block (after
 each step of a MetricMeshFormer block: diffusion, local attention, global
 attention, FFN; and the two parts of its diffusion step, the diffused
-channels and their spatial gradient features) and of the vertex logits, at the original vertices,
-relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over
+channels and their spatial gradient features) and of the vertex logits, at
+the original vertices, relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over
 the test meshes).
 
     python benchmarks/mesh_feature_drift.py RUN [RUN ...] \
@@ -52,7 +52,7 @@ def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor
                 hooks.append(block.lin_diffusion.register_forward_pre_hook(
                     lambda module, args, b=b: stages.update(zip(
                         (f'{b}.diffused', f'{b}.gradient features'),
-                        args[0].chunk(2, dim=-1)))))
+                        args[0].chunk(2, dim=-1), strict=True))))
             for norm, step in FORMER_STEPS:
                 if getattr(block, norm) is not None:
                     hooks.append(getattr(block, norm).register_forward_hook(
