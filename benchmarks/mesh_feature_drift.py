@@ -6,8 +6,8 @@ the change of the input features, of the features after each block (after
 each step of a MetricMeshFormer block: diffusion, local attention, global
 attention, FFN; and the two parts of its diffusion step, the diffused
 channels and their spatial gradient features) and of the vertex logits, at
-the original vertices, relative to the original's (``||h' - h|| / ||h||`` per mesh, averaged over
-the test meshes).
+the original vertices, relative to the original's (``||h' - h|| / ||h||``
+per mesh, averaged over the test meshes).
 
     python benchmarks/mesh_feature_drift.py RUN [RUN ...] \
         [--perturbations subdivision,jitter] [--out FOLDER]
