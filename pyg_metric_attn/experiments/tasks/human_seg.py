@@ -330,7 +330,9 @@ class HumanSegTask(Task):
         are without it)."""
         if self.config.mesh_area is None:
             return batch
-        return scale_to_area(batch, self.config.mesh_area)
+        # No checks on this hot path: the config's former_diffusion has every
+        # mesh prepared with all k eigenpairs of its HKS (spectral_basis).
+        return scale_to_area(batch, self.config.mesh_area, verify=False)
 
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
         """The model input per vertex; when augmenting, coordinates are
