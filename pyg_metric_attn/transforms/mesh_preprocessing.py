@@ -19,6 +19,7 @@ from pyg_metric_attn.geometry.gradients import (
 )
 from pyg_metric_attn.geometry.laplacian import LAPLACIANS, laplacian
 from pyg_metric_attn.geometry.mesh import MeshError, check_mesh, normalize_positions
+from pyg_metric_attn.geometry.smoothing import taubin_smoothing
 from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
@@ -51,6 +52,11 @@ class MeshPreprocessing(BaseTransform):
       :class:`~pyg_metric_attn.nn.spatial_gradient.TangentGradient` and
       :class:`~pyg_metric_attn.nn.SpatialGradientFeatures`).
 
+    With ``smoothing = s > 0`` every operator is computed from the positions
+    after ``s`` rounds of :func:`~pyg_metric_attn.geometry.taubin_smoothing`
+    (``pos`` itself is kept): vertex noise and the differences between two
+    meshings of one surface reach the HKS, eigenpairs and gradients damped.
+
     These are exactly what :class:`~pyg_metric_attn.nn.models.MetricMeshFormer`
     and the IPN read. The operators compose the functions of
     :mod:`pyg_metric_attn.geometry`: :func:`~pyg_metric_attn.geometry.laplacian`
@@ -76,6 +82,8 @@ class MeshPreprocessing(BaseTransform):
             (default: :obj:`False`)
         laplacian (str): ``'auto'``, ``'cotan'`` or ``'robust'``.
             (default: :obj:`'auto'`)
+        smoothing (int): Taubin smoothing rounds before the operators.
+            (default: :obj:`0`)
         cache_dir (str or Path, optional): A content-keyed cache of the
             operators (:class:`~pyg_metric_attn.geometry.OperatorCache`): an
             entry holds ``hks``, ``mass`` and, where kept, ``evals``,
@@ -92,7 +100,7 @@ class MeshPreprocessing(BaseTransform):
 
     def __init__(self, k: int = 128, hks_count: int = 16, spectral_basis: int = 0,
                  gradients: bool = False, laplacian: str = 'auto',
-                 cache_dir: str | Path | None = None):
+                 cache_dir: str | Path | None = None, smoothing: int = 0):
         if k < 1 or hks_count < 1:
             raise ValueError(f"'k' and 'hks_count' must be positive, got {k} and "
                              f"{hks_count}")
@@ -102,28 +110,41 @@ class MeshPreprocessing(BaseTransform):
         if laplacian not in LAPLACIANS:
             raise ValueError(f"Unknown Laplacian '{laplacian}'; expected one of "
                              f"{LAPLACIANS}")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, int) \
+                or smoothing < 0:
+            raise ValueError(f"'smoothing' must be a non-negative integer, got "
+                             f"{smoothing!r}")
         self.k = k
         self.hks_count = hks_count
         self.spectral_basis = spectral_basis
         self.gradients = gradients
         self.laplacian = laplacian
+        self.smoothing = smoothing
         self.cache = OperatorCache(cache_dir)
 
     @property
     def settings(self) -> dict[str, Any]:
-        """The settings that determine the output."""
-        return dict(k=self.k, hks_count=self.hks_count,
-                    spectral_basis=self.spectral_basis, gradients=self.gradients,
-                    laplacian=self.laplacian)
+        """The settings that determine the output (``smoothing`` where
+        set, so that the keys and names of unsmoothed operators stay as they
+        were)."""
+        settings = dict(k=self.k, hks_count=self.hks_count,
+                        spectral_basis=self.spectral_basis,
+                        gradients=self.gradients, laplacian=self.laplacian)
+        if self.smoothing:
+            settings['smoothing'] = self.smoothing
+        return settings
 
     @property
     def tag(self) -> str:
         """The settings and :attr:`version` in a name for files and folders,
-        e.g. ``v2_k128_hks16_auto_basis128_grad``."""
+        e.g. ``v2_k128_hks16_auto_basis128_grad`` (``_taubin2`` after it with
+        ``smoothing=2``)."""
         tag = f'v{self.version}_k{self.k}_hks{self.hks_count}_{self.laplacian}'
         if self.spectral_basis:
             tag += f'_basis{self.spectral_basis}'
-        return f'{tag}_grad' if self.gradients else tag
+        if self.gradients:
+            tag += '_grad'
+        return f'{tag}_taubin{self.smoothing}' if self.smoothing else tag
 
     def forward(self, data: Data) -> Data:
         name = str(data.name) if 'name' in data else 'mesh'
@@ -161,6 +182,7 @@ class MeshPreprocessing(BaseTransform):
 
     def _compute(self, pos: np.ndarray, face: np.ndarray,
                  name: str) -> dict[str, Tensor]:
+        pos = taubin_smoothing(pos, face, self.smoothing)
         L, mass, _ = laplacian(pos, face, self.laplacian)
         evals, evecs = eigendecomposition(L, mass, self.k, name)
         missing = self.k - len(evals)
