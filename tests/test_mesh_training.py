@@ -20,6 +20,7 @@ from pyg_metric_attn.cli import main
 from pyg_metric_attn.datasets import BODY_PARTS, SyntheticHumans
 from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
+from pyg_metric_attn.geometry import taubin_smoothing
 from pyg_metric_attn.nn.models import MetricMeshFormer, MetricMeshFormerConfig
 from pyg_metric_attn.training import load_best_model
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
@@ -378,6 +379,25 @@ def test_mesh_area_scales_every_mesh_the_model_sees(synthetic_root):
         HumanSegTask(mesh_area=1.0, former_diffusion=False, **SMALL)
     with pytest.raises(ValueError, match='mesh_area'):
         HumanSegTask(mesh_area=0.0, **SMALL)
+
+
+def test_mesh_smoothing_gives_every_mesh_the_operators_of_its_smoothed_surface(
+        synthetic_root):
+    task = HumanSegTask(mesh_smoothing=2, progress=False,
+                        synthetic_root=str(synthetic_root), **SMALL)
+    mesh = task.datasets()[0][0]
+    plain = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                         **SMALL)
+    assert torch.equal(mesh.pos, plain.datasets()[0][0].pos)  # pos kept
+    face = mesh.face.t().numpy()
+    expected = MeshPreprocessing(
+        32, 16, task.spectral_basis, task.gradients).operators(
+            taubin_smoothing(mesh.pos.double().numpy(), face, 2), face)
+    for key, value in expected.items():
+        torch.testing.assert_close(mesh[key], value, msg=key)
+    assert not torch.allclose(mesh.hks, plain.datasets()[0][0].hks, rtol=1e-3)
+    with pytest.raises(ValueError, match='mesh_smoothing'):
+        HumanSegTask(mesh_smoothing=-1, **SMALL)
 
 
 def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root):

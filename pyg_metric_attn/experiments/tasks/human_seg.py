@@ -40,12 +40,15 @@ of the spectrum, which a coarse mesh resolves least. ``mesh_area=A`` scales
 every mesh to surface area ``A`` with its operators and HKS
 (:func:`~pyg_metric_attn.transforms.scale_to_area`; needs the eigenpairs),
 so that its inputs do not depend on the pose or roughness behind its unit
-maximum radius. With ``augment_copies=N > 0``
-every training mesh gets ``N`` perturbed copies per perturbation of
-``augment_perturbations`` (:func:`~pyg_metric_attn.geometry.perturb_mesh`:
-remeshed, deformed, ...; one of a perturbation that draws nothing, as loop
-subdivision, whose further copies would be the same mesh; processed once and
-cached as
+maximum radius. ``mesh_smoothing=S`` computes every mesh's operators (HKS,
+eigenpairs, gradients) after ``S`` rounds of Taubin smoothing
+(:func:`~pyg_metric_attn.geometry.taubin_smoothing`), which damps vertex
+noise and the differences between two meshings of one surface. With
+``augment_copies=N > 0`` every training mesh gets ``N`` perturbed copies per
+perturbation of ``augment_perturbations``
+(:func:`~pyg_metric_attn.geometry.perturb_mesh`: remeshed, deformed, ...;
+one of a perturbation that draws nothing, as loop subdivision, whose further
+copies would be the same mesh; processed once and cached as
 :class:`~pyg_metric_attn.datasets.PerturbedMeshes` under the processed
 files' ``augmentation/``), and every epoch each training mesh is itself or
 one of its copies, drawn uniformly (:class:`~pyg_metric_attn.datasets.RandomCopies`):
@@ -173,6 +176,9 @@ class HumanSegConfig(TaskConfig):
     #: Every mesh scaled to this surface area with its operators after the
     #: unit maximum radius (scale_to_area); None: that radius alone.
     mesh_area: float | None = setting(None, gt=0)
+    #: Taubin smoothing rounds of every mesh before its operators
+    #: (MeshPreprocessing's smoothing).
+    mesh_smoothing: int = setting(0, ge=0)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
     val_fraction: float = setting(0.0, ge=0, lt=1)
     val_source: str | None = None
@@ -253,7 +259,8 @@ class HumanSegTask(Task):
         #: prepare_mesh's. No operator cache: the processed files hold them.
         self.preprocessing = MeshPreprocessing(c.k, c.hks_count,
                                                self.spectral_basis,
-                                               self.gradients)
+                                               self.gradients,
+                                               smoothing=c.mesh_smoothing)
         self._data = None
 
     @classmethod
