@@ -1,7 +1,7 @@
 r"""DiffusionNet-style geometry of triangle meshes, one function per operator
 with explicit arguments: normalisation, Laplacians, eigenpairs, heat kernel
-signatures, tangent gradients, Taubin smoothing, perturbed copies of a mesh (remeshed,
-deformed, rotated, renumbered), and a content-keyed operator cache
+signatures, tangent gradients, Taubin smoothing, perturbed copies of a mesh
+(remeshed, deformed, rotated, renumbered), and a content-keyed operator cache
 (:class:`~pyg_metric_attn.transforms.MeshPreprocessing` composes them)."""
 from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
 from pyg_metric_attn.geometry.gradients import (
