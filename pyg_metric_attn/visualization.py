@@ -30,11 +30,25 @@ def file_figure(**kwargs: Any) -> Figure:
     return figure
 
 
-def label_colors(labels: np.ndarray, num_classes: int = 8) -> np.ndarray:
-    """``[N, 4]`` uint8 RGBA colours of integer labels (tab10 palette)."""
+#: The colour of marked faces (:func:`label_colors`): black, in no palette.
+MARK_COLOR = (0, 0, 0, 255)
+
+
+def label_colors(labels: np.ndarray, num_classes: int = 8,
+                 marked: np.ndarray | None = None) -> np.ndarray:
+    """``[N, 4]`` uint8 RGBA colours of integer labels (tab10 palette), and
+    :data:`MARK_COLOR` where the boolean ``marked`` ``[N]`` is set (e.g. the
+    faces whose prediction changed)."""
     palette = matplotlib.colormaps['tab10' if num_classes <= 10 else 'tab20']
     rgba = palette(np.asarray(labels) % palette.N)
-    return (np.asarray(rgba) * 255).round().astype(np.uint8)
+    colors = (np.asarray(rgba) * 255).round().astype(np.uint8)
+    if marked is not None:
+        marked = np.asarray(marked, dtype=bool)
+        if marked.shape != colors.shape[:1]:
+            raise ValueError(f"'marked' must hold one flag per label "
+                             f"({colors.shape[0]}), got shape {marked.shape}")
+        colors[marked] = MARK_COLOR
+    return colors
 
 
 def _draw(ax, pos: np.ndarray, face: np.ndarray, colors: np.ndarray,
@@ -67,10 +81,12 @@ def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
                          labelings: Sequence[np.ndarray], titles: Sequence[str],
                          class_names: Sequence[str] | None = None,
                          views: Sequence[tuple[float, float]] = ((10, -60), (10, 30)),
-                         up_axis: int | None = None) -> None:
+                         up_axis: int | None = None,
+                         marked: Sequence[np.ndarray | None] | None = None) -> None:
     """A PNG with one column per labeling (e.g. ground truth, prediction) and
     one row per view; ``up_axis`` is the mesh's vertical axis (default: the
-    axis of largest extent)."""
+    axis of largest extent); ``marked``: per labeling, faces drawn in
+    :data:`MARK_COLOR` (or :obj:`None`)."""
     pos = np.asarray(pos, dtype=np.float64)
     if up_axis is None:
         up_axis = int(np.argmax(np.ptp(pos, axis=0)))
@@ -80,8 +96,11 @@ def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
     if class_names is not None:
         num_classes = max(num_classes, len(class_names))
     fig = file_figure(figsize=(3.2 * len(labelings), 3.4 * len(views)))
-    for column, (labels, title) in enumerate(zip(labelings, titles, strict=True)):
-        colors = label_colors(labels, num_classes)
+    if marked is None:
+        marked = [None] * len(labelings)
+    for column, (labels, title, marks) in enumerate(zip(labelings, titles, marked,
+                                                        strict=True)):
+        colors = label_colors(labels, num_classes, marks)
         for row, view in enumerate(views):
             ax = fig.add_subplot(len(views), len(labelings),
                                  row * len(labelings) + column + 1,

@@ -198,6 +198,26 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         assert row['drop'] == pytest.approx(
             100 * (rows['original']['face_acc'] - row['face_acc']))
     assert (out / 'human_seg_robust.png').stat().st_size > 0
+    # Where the predictions changed: per perturbation that changed any, its
+    # copy that changed most (here the one test mesh) as a mesh file, the
+    # changed faces black, and a picture.
+    examples = {kind: row['example'] for kind, row in rows.items()
+                if 'example' in row}
+    assert 'original' not in examples and 'jitter' in examples
+    for kind, row in rows.items():
+        if kind not in examples:
+            assert kind == 'original' or row['agreement'] == 1
+            continue
+        example = examples[kind]
+        ply, png = (out / 'meshes' / 'run' / name for name in example['files'])
+        colored = trimesh.load(ply, process=False)
+        black = (colored.visual.face_colors[:, :3] == 0).all(axis=1)
+        assert len(colored.faces) == example['faces'] == row['faces']
+        assert int(black.sum()) == example['changed_faces'] == round(
+            (1 - row['agreement']) * row['faces'])
+        assert png.stat().st_size > 0
+    assert f"| jitter | {examples['jitter']['mesh']} |" in \
+        (out / 'summary.md').read_text()
     assert '| renumbering |' in (out / 'summary.md').read_text()
     assert 'drop at the original faces' in (out / 'summary.md').read_text()
     assert sorted(p.name.split('_seed')[0] for p in
@@ -340,3 +360,37 @@ def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
     assert original['face_acc'] == 0.1 and rotated['draw_drops'] == [0.0] * 3
     assert rotated['drop'] == 0.0 and rotated['agreement'] == 1.0
     assert rotated['source_drop'] == 0.0
+
+
+def test_the_example_is_the_copy_whose_predictions_changed_most(tmp_path):
+    from types import SimpleNamespace
+
+    from torch_geometric.data import Data
+
+    from pyg_metric_attn.experiments.human_seg_robust import write_example
+
+    sphere = trimesh.creation.icosphere(subdivisions=1)
+    faces = len(sphere.faces)
+    originals = [torch.zeros(faces, dtype=torch.long) for _ in range(3)]
+    copies = []
+    for index, changed in enumerate((3, 7, 0)):
+        predicted = torch.zeros(faces, dtype=torch.long)
+        predicted[:changed] = 2
+        copies.append(Data(pos=torch.from_numpy(sphere.vertices).float(),
+                           face=torch.from_numpy(sphere.faces.T.copy()),
+                           y=torch.zeros(faces, dtype=torch.long),
+                           source_face=torch.arange(faces), name=f'mesh{index}.obj',
+                           predicted=predicted))
+    task = SimpleNamespace(predict=lambda model, mesh: mesh.predicted)
+    agreement = [1 - changed / faces for changed in (3, 7, 0)]
+    example = write_example(task, None, copies, originals, agreement, tmp_path,
+                            'jitter')
+    assert example == dict(mesh='mesh1.obj', faces=faces, changed_faces=7,
+                           files=['jitter-mesh1.ply', 'jitter-mesh1.png'])
+    colored = trimesh.load(tmp_path / 'jitter-mesh1.ply', process=False)
+    black = (colored.visual.face_colors[:, :3] == 0).all(axis=1)
+    np.testing.assert_array_equal(np.flatnonzero(black), np.arange(7))
+    assert (tmp_path / 'jitter-mesh1.png').stat().st_size > 0
+    # Where no copy changed a prediction there is nothing to show.
+    assert write_example(task, None, copies[2:], originals[2:], [1.0], tmp_path,
+                         'rotation') is None

@@ -30,7 +30,11 @@ from pyg_metric_attn.transforms import (
     scale_to_area,
 )
 from pyg_metric_attn.utils.io import load_verified
-from pyg_metric_attn.visualization import label_colors, render_segmentations
+from pyg_metric_attn.visualization import (
+    MARK_COLOR,
+    label_colors,
+    render_segmentations,
+)
 
 SMALL = dict(synthetic_train=4, synthetic_test=1, num_workers=1, k=32,
              batch_size=2)
@@ -629,6 +633,16 @@ def test_prediction_png_legend_fits_the_figure(monkeypatch, tmp_path):
     assert 0 <= box.x0 and box.x1 <= figure.bbox.x1
     assert 0 <= box.y0
     assert len(legend.get_texts()) == len(BODY_PARTS)
+
+
+def test_label_colors_mark_faces_black():
+    labels = np.array([0, 1, 2, 3])
+    colors = label_colors(labels, marked=np.array([False, True, False, True]))
+    np.testing.assert_array_equal(colors[[1, 3]], [MARK_COLOR, MARK_COLOR])
+    np.testing.assert_array_equal(colors[[0, 2]], label_colors(labels)[[0, 2]])
+    assert not (label_colors(np.arange(10))[:, :3] == 0).all(axis=1).any()
+    with pytest.raises(ValueError, match="one flag per label"):
+        label_colors(labels, marked=np.array([True]))
 
 
 def test_importing_the_plotting_modules_keeps_the_matplotlib_backend(monkeypatch):

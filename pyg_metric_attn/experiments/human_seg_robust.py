@@ -34,8 +34,13 @@ accuracy even for a model that subdivision does not change at all (its
 averaged logits are exactly the original's), so the drop at the original
 faces is the one that measures how much the segmentation changes.
 Written to ``--out``: ``results.json``,
-``summary.md`` (a table per run and one of the drops of all runs) and
-``human_seg_robust.png``.
+``summary.md`` (a table per run and one of the drops of all runs),
+``human_seg_robust.png``, and, to see where the segmentation changes, per
+run and perturbation the copy whose predictions changed most (of the first
+draw) as ``meshes/RUN/PERTURBATION-MESH.ply`` (faces coloured by predicted
+part, black where the prediction differs from that of the original face
+they stem from; opens in MeshLab or Blender) and ``.png`` (its labels and
+predictions).
 """
 from __future__ import annotations
 
@@ -102,7 +107,8 @@ def split_meshes(task: Any, split: str) -> Any:
 def score(task: Any, model: torch.nn.Module, perturbations: list[str],
           seed: int, variants_dir: str | Path | None = None,
           progress: bool = False, split: str = 'test',
-          draws: int = 1) -> list[dict[str, Any]]:
+          draws: int = 1, examples_dir: str | Path | None = None
+          ) -> list[dict[str, Any]]:
     """One row per mesh set, the original meshes of ``split`` (``'test'`` or
     ``'val'``) first, then each perturbation's copies: ``faces``,
     ``face_acc``, ``drop`` (points below the original's), ``source_drop``
@@ -116,7 +122,11 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     :data:`~pyg_metric_attn.geometry.DETERMINISTIC_PERTURBATIONS`) is scored
     on ``draws`` copies of the meshes, made with the seeds ``seed``,
     ``seed + 1``, ...: its row holds the means over the draws (``faces``:
-    their total), the ``seeds`` and the ``draw_drops``, one per draw."""
+    their total), the ``seeds`` and the ``draw_drops``, one per draw.
+
+    With ``examples_dir``, each perturbation's row also holds its
+    ``example`` (:func:`write_example`, of the first draw; none where no
+    prediction changed), written into that folder."""
     from pyg_metric_attn.datasets import PerturbedMeshes
     from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
 
@@ -131,16 +141,19 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     bar = tqdm(total=1 + sum(len(seeds) for _, seeds in sets), desc=NAME,
                disable=not progress)
     original_labels = [mesh.y for mesh in meshes]
-    rows = [dict(perturbation='original', drop=0.0, source_drop=0.0,
-                 **score_set(task, model, meshes, originals, False))]
+    original = score_set(task, model, meshes, originals, False)
+    del original['mesh_agreement']
+    rows = [dict(perturbation='original', drop=0.0, source_drop=0.0, **original)]
     bar.update()
     for name, seeds in sets:
-        scored = []
+        scored, first_copies = [], None
         for draw_seed in seeds:
             copies = PerturbedMeshes(variants_dir, meshes, name, draw_seed,
                                      pre_transform=task.preprocessing,
                                      num_workers=task.config.num_workers,
                                      log=progress)
+            if first_copies is None:
+                first_copies = copies
             scored.append(score_set(task, model, copies, originals, True,
                                     original_labels))
             bar.update()
@@ -159,6 +172,12 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
             # the mean of the draws' drops: exactly 0 where every draw is
             drop=mean(drops), draw_drops=drops,
             source_drop=(None if None in source_drops else mean(source_drops))))
+        if examples_dir is not None:
+            example = write_example(task, model, first_copies, originals,
+                                    scored[0]['mesh_agreement'],
+                                    Path(examples_dir), name)
+            if example is not None:
+                rows[-1]['example'] = example
     bar.close()
     return rows
 
@@ -187,9 +206,10 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
     with the originals' face labels ``original_labels``, also
     ``source_face_acc``: the accuracy read at the original faces
     (:func:`at_original_faces` of the copies' face logits), :obj:`None`
-    where a copy leaves an original face without faces."""
+    where a copy leaves an original face without faces. ``mesh_agreement``:
+    the agreement per mesh."""
     correct = agree = faces = 0
-    per_mesh = []
+    per_mesh, per_mesh_agreement = [], []
     # Per copy, the hits at the original faces (None: one has no faces).
     source_hits: list[int | None] = []
     for index, (mesh, original) in enumerate(zip(meshes, originals,
@@ -201,21 +221,60 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
             predicted, source = original, slice(None)
         hits = int((predicted == mesh.y).sum())
         correct += hits
-        agree += int((predicted == original[source]).sum())
+        agreeing = int((predicted == original[source]).sum())
+        agree += agreeing
         faces += mesh.y.numel()
         per_mesh.append(hits / mesh.y.numel())
+        per_mesh_agreement.append(agreeing / mesh.y.numel())
         if perturbed and original_labels is not None:
             labels = original_labels[index]
             pooled = at_original_faces(scores, source, labels.numel())
             source_hits.append(None if pooled is None else
                                int((pooled.argmax(-1) == labels).sum()))
     result = dict(faces=faces, face_acc=correct / faces,
-                  agreement=agree / faces, mesh_face_acc=per_mesh)
+                  agreement=agree / faces, mesh_face_acc=per_mesh,
+                  mesh_agreement=per_mesh_agreement)
     if perturbed and original_labels is not None:
         result['source_face_acc'] = (
             None if None in source_hits else
             sum(source_hits) / sum(labels.numel() for labels in original_labels))
     return result
+
+
+def write_example(task: Any, model: torch.nn.Module, copies: Any,
+                  originals: list[torch.Tensor], agreement: list[float],
+                  out_dir: Path, perturbation: str) -> dict[str, Any] | None:
+    """The copy among ``copies`` whose predictions agree least with the
+    originals' (``agreement``: per copy), written to ``out_dir`` as
+    ``PERTURBATION-MESH.ply``, its faces coloured by predicted part and
+    black (:data:`~pyg_metric_attn.visualization.MARK_COLOR`) where the
+    prediction differs from that of the original face they stem from, and
+    ``PERTURBATION-MESH.png``, its labels and predictions; returns its
+    ``mesh`` name, ``faces``, ``changed_faces`` and ``files``, or
+    :obj:`None` where no copy changed a prediction."""
+    from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
+    from pyg_metric_attn.datasets.synthetic_humans import BODY_PARTS
+    from pyg_metric_attn.visualization import label_colors, render_segmentations
+
+    index = min(range(len(agreement)), key=agreement.__getitem__)
+    if agreement[index] == 1:
+        return None
+    mesh = copies[index]
+    predicted = task.predict(model, mesh)
+    changed = (predicted != originals[index][mesh.source_face]).numpy()
+    predicted = predicted.numpy()
+    pos, face = mesh.pos.numpy(), mesh.face.t().numpy()
+    stem = f"{perturbation}-{Path(str(mesh.name)).stem}"
+    write_segmented_ply(out_dir / f'{stem}.ply', pos, face,
+                        label_colors(predicted, marked=changed))
+    render_segmentations(out_dir / f'{stem}.png', pos, face,
+                         [mesh.y.numpy(), predicted],
+                         [f'{perturbation}: labels',
+                          f'prediction ({int(changed.sum())} changed: black)'],
+                         BODY_PARTS, marked=[None, changed])
+    return dict(mesh=str(mesh.name), faces=len(face),
+                changed_faces=int(changed.sum()),
+                files=[f'{stem}.ply', f'{stem}.png'])
 
 
 def seeds_text(results: dict[str, Any]) -> str:
@@ -254,6 +313,19 @@ def summary_table(results: dict[str, Any]) -> str:
                     f'{drop:.2f}' for drop in row.get('draw_drops', [0.0])) + ' |'
             lines.append(line)
         lines.append('')
+        examples = [row for row in run['rows'] if 'example' in row]
+        if examples:
+            lines += [f"The copy whose predictions changed most, per "
+                      f"perturbation (first draw), in "
+                      f"`meshes/{run['examples']}/`:", '',
+                      '| perturbation | mesh | faces | predictions changed | '
+                      'files |', '|---|---|---|---|---|']
+            lines += [f"| {row['perturbation']} | {row['example']['mesh']} | "
+                      f"{row['example']['faces']} | "
+                      f"{row['example']['changed_faces']} | "
+                      + ', '.join(row['example']['files']) + ' |'
+                      for row in examples]
+            lines.append('')
     names = [row['perturbation'] for row in results['runs'][0]['rows'][1:]]
     lines += ['Drop in points per perturbation (worst: the largest):', '',
               '| run | original % | ' + ' | '.join(names) + ' | worst |',
@@ -325,11 +397,13 @@ def main(args: argparse.Namespace) -> int:
                                              device=args.device,
                                              precision=args.precision)
         print(description)
+        examples = Path(run).resolve().name
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
-                     not args.no_progress, args.split, args.draws)
+                     not args.no_progress, args.split, args.draws,
+                     out / 'meshes' / examples)
         results['meshes'] = len(rows[0]['mesh_face_acc'])
         results['runs'].append(dict(run=str(run), description=description,
-                                    rows=rows))
+                                    rows=rows, examples=examples))
     write(results, out)
     print(f'\n{NAME}: results in {out}/\n')
     print(summary_table(results))
