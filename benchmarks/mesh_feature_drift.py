@@ -121,28 +121,28 @@ def drift(run: str, perturbations: list[str]
 
 
 def parse_arguments(description: str, perturbations: str, out: str,
+                    allowed: tuple[str, ...] = SAME_VERTICES,
                     **extra: dict) -> tuple[argparse.Namespace, list[str]]:
     """The arguments of a script that reads trained runs on perturbed meshes
-    with their original vertices: ``RUN [RUN ...]``, ``--perturbations``
-    (default ``perturbations``; checked to be of :data:`SAME_VERTICES`),
-    ``--out`` (default ``out``), ``--threads`` (set), and ``extra`` options
-    (``{flag: add_argument keywords}``)."""
+    (by default those with their original vertices): ``RUN [RUN ...]``,
+    ``--perturbations`` (default ``perturbations``; checked to be of
+    ``allowed``), ``--out`` (default ``out``), ``--threads`` (set), and
+    ``extra`` options (``{flag: add_argument keywords}``)."""
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument('runs', nargs='+', metavar='RUN')
     for flag, options in extra.items():
         parser.add_argument(flag, **options)
     parser.add_argument('--perturbations', default=perturbations,
-                        help=f"comma-separated, of {', '.join(SAME_VERTICES)}")
+                        help=f"comma-separated, of {', '.join(allowed)}")
     parser.add_argument('--out', default=out)
     parser.add_argument('--threads', type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = args.perturbations.split(',')
-    unknown = sorted(set(names) - set(SAME_VERTICES))
+    unknown = sorted(set(names) - set(allowed))
     if unknown:
-        parser.error(f"{unknown}: only {', '.join(SAME_VERTICES)} keep the "
-                     f"original vertices")
+        parser.error(f"{unknown}: only {', '.join(allowed)} can be read here")
     return args, names
 
 

@@ -6,9 +6,11 @@ meshes read six ways,
 - ``perturbed``: as ``experiment human_seg_robust`` scores it (its own HKS,
   operators and connectivity);
 - ``original inputs``: the perturbed mesh with the original mesh's HKS
-  carried over (the original vertices keep theirs; a vertex Loop
-  subdivision adds on an edge takes the mean of that edge's two original
-  vertices), so only the operators and connectivity differ;
+  carried over (:func:`carried`: the original vertices keep theirs; a
+  vertex Loop subdivision adds on an edge takes the mean of that edge's two
+  original vertices; a decimated copy's vertices, which move, take their
+  nearest original vertex's), so only the operators and connectivity
+  differ;
 - ``only inputs perturbed`` (perturbations that keep the vertices and the
   faces: jitter, anisotropic scaling, rotation): the original mesh with the
   perturbed copy's HKS, so only the descriptor differs;
@@ -21,13 +23,15 @@ meshes read six ways,
   over the faces that stem from one original face and scored against the
   original labels, at the resolution the labels were drawn (an invariant
   model loses nothing here; ``experiment human_seg_robust``'s drop at the
-  original faces);
+  original faces; not for decimation, which leaves original faces without
+  faces);
 - ``ground truth``: the labels themselves read out as a vertex model is
   (each original vertex the mean of its faces' one-hot labels, carried and
   averaged at the copy's faces): what the labels' resolution alone costs.
 
     python -m benchmarks.mesh_input_transplant RUN [RUN ...] [--split val] \
-        [--perturbations subdivision,jitter,anisotropic_scaling] [--out FOLDER]
+        [--perturbations subdivision,decimation,jitter,anisotropic_scaling] \
+        [--out FOLDER]
 
 ``RUN``: folders written by ``pyg-metric-attn train human_seg`` whose model
 reads HKS inputs; the perturbed meshes are those of ``experiment
@@ -42,10 +46,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from scipy.spatial import cKDTree
 from torch_geometric.utils import scatter
 from tqdm.auto import tqdm
 
-from benchmarks.mesh_feature_drift import parse_arguments
+from benchmarks.mesh_feature_drift import SAME_VERTICES, parse_arguments
 from pyg_metric_attn.datasets import BODY_PARTS, PerturbedMeshes
 from pyg_metric_attn.experiments.human_seg_robust import score_set, split_meshes
 from pyg_metric_attn.experiments.run_folder import load_run
@@ -55,16 +60,40 @@ from pyg_metric_attn.training.segmentation import face_logits
 #: The readings of each perturbation, in the order of the table.
 WAYS = ('perturbed', 'original inputs', 'only inputs perturbed',
         'invariant model', 'at the original faces', 'ground truth')
+#: The perturbations this script reads.
+READABLE = (*SAME_VERTICES, 'decimation')
 
 
-def carried(values: torch.Tensor, copy) -> torch.Tensor:
-    """Per-vertex ``values`` of the original mesh on the copy's vertices: the
-    original vertices (the copy's first) keep theirs, every added vertex
-    takes the mean over its neighbours among the original vertices (the two
-    ends of the edge Loop subdivision split)."""
+def original_frame(copy, mesh) -> torch.Tensor:
+    """The copy's vertex positions in the original ``mesh``'s frame: each
+    mesh is centred and scaled on its own when processed
+    (:func:`~pyg_metric_attn.geometry.normalize_positions`), so the copy is
+    scaled and shifted by the least-squares fit that carries its face
+    centroids onto those of the faces they stem from (``copy.source_face``)."""
+    ours = copy.pos[copy.face].mean(dim=0).double()
+    theirs = mesh.pos[mesh.face].mean(dim=0).double()[copy.source_face]
+    ours_mean, theirs_mean = ours.mean(dim=0), theirs.mean(dim=0)
+    scale = (((ours - ours_mean) * (theirs - theirs_mean)).sum()
+             / (ours - ours_mean).square().sum())
+    return scale * (copy.pos.double() - ours_mean) + theirs_mean
+
+
+def carried(values: torch.Tensor, copy, mesh) -> torch.Tensor:
+    """Per-vertex ``values`` of the original ``mesh`` on the copy's
+    vertices: where the copy has as many vertices they are the original's;
+    where it has more (Loop subdivision) the original vertices (the copy's
+    first) keep theirs and every added vertex takes the mean over its
+    neighbours among the original vertices (the two ends of the edge it
+    split); where it has fewer (decimation, whose vertices move) every
+    vertex takes the value of the original vertex nearest to it, in the
+    original's frame (:func:`original_frame`)."""
     count = values.size(0)
     if copy.num_nodes == count:
         return values
+    if copy.num_nodes < count:
+        _, nearest = cKDTree(mesh.pos.double().numpy()).query(
+            original_frame(copy, mesh).numpy())
+        return values[torch.from_numpy(nearest)]
     src, dst = copy.edge_index
     added = (dst >= count) & (src < count)
     sums = values.new_zeros(copy.num_nodes, values.size(1))
@@ -91,7 +120,8 @@ def ground_truth_drop(meshes, copies, num_classes: int) -> float:
                               dim_size=mesh.num_nodes, reduce='mean')
         for i, (values, target) in enumerate((
                 (face_logits(at_vertices, mesh.face), mesh.y),
-                (face_logits(carried(at_vertices, copy), copy.face), copy.y))):
+                (face_logits(carried(at_vertices, copy, mesh), copy.face),
+                 copy.y))):
             correct[i] += int((values.argmax(-1) == target).sum())
             faces[i] += target.numel()
     return 100 * (correct[0] / faces[0] - correct[1] / faces[1])
@@ -104,7 +134,7 @@ def invariant_model_accuracy(task, model, meshes, copies) -> float:
     correct = faces = 0
     with eval_mode(model):
         for mesh, copy in zip(meshes, copies, strict=True):
-            logits = carried(task.forward(model, mesh), copy)
+            logits = carried(task.forward(model, mesh), copy, mesh)
             predicted = face_logits(logits, copy.face).argmax(-1)
             correct += int((predicted == copy.y).sum())
             faces += copy.y.numel()
@@ -142,11 +172,11 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
             root, meshes, perturbation, 0, pre_transform=task.preprocessing,
             num_workers=task.config.num_workers, log=False))
         ways = {'perturbed': copies,
-                'original inputs': [with_hks(copy, carried(mesh.hks, copy),
+                'original inputs': [with_hks(copy, carried(mesh.hks, copy, mesh),
                                              copy.source_face)
                                     for mesh, copy in zip(meshes, copies,
                                                           strict=True)]}
-        if perturbation != 'subdivision':
+        if perturbation in SAME_VERTICES and perturbation != 'subdivision':
             # The original mesh with the copy's HKS: its faces and labels
             # are the original's, every face its own source.
             ways['only inputs perturbed'] = [
@@ -161,17 +191,18 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
         result[perturbation].update({
             'invariant model': 100 * (base - invariant_model_accuracy(
                 task, model, meshes, copies)),
-            'at the original faces': 100 * (
-                base - scored['perturbed']['source_face_acc']),
             'ground truth': ground_truth_drop(meshes, copies, len(BODY_PARTS))})
+        if scored['perturbed']['source_face_acc'] is not None:
+            result[perturbation]['at the original faces'] = 100 * (
+                base - scored['perturbed']['source_face_acc'])
     print(description)
     return result
 
 
 def main() -> None:
     args, perturbations = parse_arguments(
-        __doc__, 'subdivision,jitter,anisotropic_scaling',
-        'runs/mesh_input_transplant',
+        __doc__, 'subdivision,decimation,jitter,anisotropic_scaling',
+        'runs/mesh_input_transplant', READABLE,
         **{'--split': dict(choices=('test', 'val'), default='test')})
     results = {run: transplant(run, args.split, perturbations)
                for run in args.runs}

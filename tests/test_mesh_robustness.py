@@ -149,7 +149,8 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
     copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
                                 source_face=source))
     values = torch.randn(len(pos), 5, dtype=torch.float64)
-    fine = face_logits(carried(values, copy), copy.face)
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
+    fine = face_logits(carried(values, copy, mesh), copy.face)
     original = face_logits(values, torch.from_numpy(face.T.copy()))
     assert not torch.allclose(fine, original[copy.source_face])
     torch.testing.assert_close(
@@ -163,7 +164,33 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
     broken.edge_index = torch.cat([copy.edge_index[:, :ends[0]],
                                    copy.edge_index[:, ends[0] + 1:]], dim=1)
     with pytest.raises(ValueError, match='not a Loop subdivision'):
-        carried(values, broken)
+        carried(values, broken, mesh)
+
+
+def test_values_carried_to_a_decimated_copy_come_from_the_nearest_vertex():
+    """A decimated copy's vertices move and the copy is centred and scaled
+    on its own: benchmarks/mesh_input_transplant puts it back into the
+    original's frame and gives each vertex its nearest original vertex's
+    values."""
+    from benchmarks.mesh_input_transplant import carried, original_frame
+
+    pos, face, _ = labelled_capsule()
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
+    new_pos, new_face, source = perturb_mesh(
+        mesh.pos.double().numpy(), mesh.face.t().numpy(), 'decimation',
+        np.random.default_rng(0))
+    copy = PREPROCESS(mesh_data(new_pos, new_face, 'decimated',
+                                source_face=source))
+    in_frame = torch.from_numpy(new_pos)
+    assert (copy.pos.double() - in_frame).abs().max() > 0.01
+    torch.testing.assert_close(original_frame(copy, mesh), in_frame,
+                               atol=2e-3, rtol=0)
+    values = mesh.pos.double()  # each vertex's position as its value
+    moved = carried(values, copy, mesh)
+    assert moved.shape == (copy.num_nodes, 3)
+    torch.testing.assert_close((moved - in_frame).norm(dim=1),
+                               torch.cdist(in_frame, values).min(dim=1).values,
+                               atol=2e-3, rtol=0)
 
 
 def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
@@ -236,13 +263,19 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert abs(meshes['anisotropic_scaling']['area']) > 1e-3  # a new shape
     # Where the drops come from: the HKS inputs, the operators, the readout.
     from benchmarks.mesh_input_transplant import transplant
-    drops = transplant(str(run), 'test', ['subdivision', 'jitter', 'rotation'])
+    drops = transplant(str(run), 'test', ['subdivision', 'jitter', 'rotation',
+                                          'decimation'])
     assert drops['original'] == pytest.approx(100 * rows['original']['face_acc'])
     assert drops['subdivision']['perturbed'] == pytest.approx(
         rows['subdivision']['drop'])
     assert drops['subdivision']['at the original faces'] == pytest.approx(
         rows['subdivision']['source_drop'])
     assert 'only inputs perturbed' not in drops['subdivision']
+    # Decimation leaves original faces without faces: not read there.
+    assert drops['decimation']['perturbed'] == pytest.approx(
+        rows['decimation']['drop'])
+    assert set(drops['decimation']) == {'perturbed', 'original inputs',
+                                        'invariant model', 'ground truth'}
     assert drops['jitter']['perturbed'] == pytest.approx(rows['jitter']['drop'])
     # Jitter keeps the faces: an invariant model loses nothing, and the
     # original faces are the copy's own.
