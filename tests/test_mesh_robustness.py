@@ -245,6 +245,15 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         assert png.stat().st_size > 0
     assert f"| jitter | {examples['jitter']['mesh']} |" in \
         (out / 'summary.md').read_text()
+    # Two runs of one folder name keep their example meshes apart.
+    twice = tmp_path / 'twice'
+    assert main(['experiment', 'human_seg_robust', str(run), str(run), '--out',
+                 str(twice), '--perturbations', 'jitter', '--no-progress']) == 0
+    folders = [entry['examples'] for entry in
+               json.loads((twice / 'results.json').read_text())['runs']]
+    assert folders == ['run', 'run-2']
+    assert all(any((twice / 'meshes' / folder).glob('jitter-*.ply'))
+               for folder in folders)
     assert '| renumbering |' in (out / 'summary.md').read_text()
     assert 'drop at the original faces' in (out / 'summary.md').read_text()
     assert sorted(p.name.split('_seed')[0] for p in

@@ -391,13 +391,19 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, Any] = dict(seed=args.seed, draws=args.draws,
                                    split=args.split,
                                    perturbations=perturbations, runs=[])
+    example_folders: list[str] = []
     for run in args.runs:
         task, model, description = load_run(run, 'human_seg', overrides,
                                              f'experiment {NAME}',
                                              device=args.device,
                                              precision=args.precision)
         print(description)
-        examples = Path(run).resolve().name
+        # the run folder's name, numbered where two runs share it
+        examples, number = Path(run).resolve().name, 1
+        while examples in example_folders:
+            number += 1
+            examples = f'{Path(run).resolve().name}-{number}'
+        example_folders.append(examples)
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
                      not args.no_progress, args.split, args.draws,
                      out / 'meshes' / examples)
