@@ -18,7 +18,8 @@ meshes read six ways,
   copy's vertices as the HKS above and read out at its faces: what a model
   exactly invariant to the perturbation would lose, the cost of reading a
   vertex model out at faces it did not see (subdivision's corner faces
-  lean towards their one original vertex);
+  lean towards their one original vertex); for decimation an
+  approximation, each vertex taking its nearest original vertex's logits;
 - ``at the original faces``: the perturbed copy's face logits averaged
   over the faces that stem from one original face and scored against the
   original labels, at the resolution the labels were drawn (an invariant

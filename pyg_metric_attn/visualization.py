@@ -98,6 +98,9 @@ def render_segmentations(path: str | Path, pos: np.ndarray, face: np.ndarray,
     fig = file_figure(figsize=(3.2 * len(labelings), 3.4 * len(views)))
     if marked is None:
         marked = [None] * len(labelings)
+    elif len(marked) != len(labelings):
+        raise ValueError(f"'marked' must hold one face mask (or None) per "
+                         f"labeling ({len(labelings)}), got {len(marked)}")
     for column, (labels, title, marks) in enumerate(zip(labelings, titles, marked,
                                                         strict=True)):
         colors = label_colors(labels, num_classes, marks)

@@ -4,6 +4,7 @@ and the correspondence stored, cached and seeded, and the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,6 +244,31 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         assert int(black.sum()) == example['changed_faces'] == round(
             (1 - row['agreement']) * row['faces'])
         assert png.stat().st_size > 0
+    # Of several draws, the example is a copy of the first (its seed's).
+    again = tmp_path / 'again'
+    (again / 'meshes' / 'run').mkdir(parents=True)
+    (again / 'meshes' / 'run' / 'stale.ply').write_text('an earlier reading')
+    assert main(['experiment', 'human_seg_robust', str(run), '--out', str(again),
+                 '--perturbations', 'jitter', '--draws', '2', '--seed', '5',
+                 '--no-progress']) == 0
+    (row,) = json.loads((again / 'results.json').read_text())['runs'][0]['rows'][1:]
+    from pyg_metric_attn.experiments.human_seg_robust import split_meshes
+    from pyg_metric_attn.experiments.run_folder import load_run
+    task, model, _ = load_run(str(run), 'human_seg', {})
+    meshes = split_meshes(task, 'test')
+    first = PerturbedMeshes(Path(meshes.processed_root) / 'robustness', meshes,
+                            'jitter', row['seeds'][0],
+                            pre_transform=task.preprocessing, log=False)[0]
+    colored = trimesh.load(again / 'meshes' / 'run' / row['example']['files'][0],
+                           process=False)
+    np.testing.assert_allclose(colored.vertices, first.pos.numpy(), atol=1e-6)
+    # and its black faces are where the model's prediction on that copy
+    # differs from its prediction on the original
+    changed = task.predict(model, first) != task.predict(model, meshes[0])[
+        first.source_face]
+    np.testing.assert_array_equal(
+        (colored.visual.face_colors[:, :3] == 0).all(axis=1), changed.numpy())
+    assert not (again / 'meshes' / 'run' / 'stale.ply').exists()
     assert f"| jitter | {examples['jitter']['mesh']} |" in \
         (out / 'summary.md').read_text()
     # Two runs of one folder name keep their example meshes apart.
@@ -404,9 +430,7 @@ def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
     assert rotated['source_drop'] == 0.0
 
 
-def test_the_example_is_the_copy_whose_predictions_changed_most(tmp_path):
-    from types import SimpleNamespace
-
+def test_the_example_is_the_copy_with_the_most_changed_predictions(tmp_path):
     from torch_geometric.data import Data
 
     from pyg_metric_attn.experiments.human_seg_robust import write_example
@@ -414,19 +438,16 @@ def test_the_example_is_the_copy_whose_predictions_changed_most(tmp_path):
     sphere = trimesh.creation.icosphere(subdivisions=1)
     faces = len(sphere.faces)
     originals = [torch.zeros(faces, dtype=torch.long) for _ in range(3)]
-    copies = []
+    copies, predictions = [], []
     for index, changed in enumerate((3, 7, 0)):
         predicted = torch.zeros(faces, dtype=torch.long)
         predicted[:changed] = 2
+        predictions.append(predicted)
         copies.append(Data(pos=torch.from_numpy(sphere.vertices).float(),
                            face=torch.from_numpy(sphere.faces.T.copy()),
                            y=torch.zeros(faces, dtype=torch.long),
-                           source_face=torch.arange(faces), name=f'mesh{index}.obj',
-                           predicted=predicted))
-    task = SimpleNamespace(predict=lambda model, mesh: mesh.predicted)
-    agreement = [1 - changed / faces for changed in (3, 7, 0)]
-    example = write_example(task, None, copies, originals, agreement, tmp_path,
-                            'jitter')
+                           source_face=torch.arange(faces), name=f'mesh{index}.obj'))
+    example = write_example(copies, originals, predictions, tmp_path, 'jitter')
     assert example == dict(mesh='mesh1.obj', faces=faces, changed_faces=7,
                            files=['jitter-mesh1.ply', 'jitter-mesh1.png'])
     colored = trimesh.load(tmp_path / 'jitter-mesh1.ply', process=False)
@@ -434,5 +455,5 @@ def test_the_example_is_the_copy_whose_predictions_changed_most(tmp_path):
     np.testing.assert_array_equal(np.flatnonzero(black), np.arange(7))
     assert (tmp_path / 'jitter-mesh1.png').stat().st_size > 0
     # Where no copy changed a prediction there is nothing to show.
-    assert write_example(task, None, copies[2:], originals[2:], [1.0], tmp_path,
+    assert write_example(copies[2:], originals[2:], predictions[2:], tmp_path,
                          'rotation') is None

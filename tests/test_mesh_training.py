@@ -645,6 +645,26 @@ def test_label_colors_mark_faces_black():
         label_colors(labels, marked=np.array([True]))
 
 
+def test_rendered_segmentations_draw_marked_faces_black(tmp_path):
+    from matplotlib.image import imread
+
+    sphere = trimesh.creation.icosphere(subdivisions=1)
+    labels = np.arange(len(sphere.faces)) % len(BODY_PARTS)
+    half = np.arange(len(sphere.faces)) % 2 == 0
+    for name, marked in (('plain', None), ('marked', [half])):
+        render_segmentations(tmp_path / f'{name}.png', sphere.vertices,
+                             sphere.faces, [labels], ['prediction'],
+                             marked=marked)
+    black = {name: int((imread(tmp_path / f'{name}.png')[..., :3] == 0)
+                       .all(axis=-1).sum()) for name in ('plain', 'marked')}
+    # the title's text is black too: the marked faces add tens of thousands
+    assert black['marked'] > 100 * max(black['plain'], 1)
+    with pytest.raises(ValueError, match='one face mask'):
+        render_segmentations(tmp_path / 'bad.png', sphere.vertices,
+                             sphere.faces, [labels], ['prediction'],
+                             marked=half)
+
+
 def test_importing_the_plotting_modules_keeps_the_matplotlib_backend(monkeypatch):
     import importlib
 

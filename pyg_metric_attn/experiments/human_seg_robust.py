@@ -36,8 +36,8 @@ faces is the one that measures how much the segmentation changes.
 Written to ``--out``: ``results.json``,
 ``summary.md`` (a table per run and one of the drops of all runs),
 ``human_seg_robust.png``, and, to see where the segmentation changes, per
-run and perturbation the copy whose predictions changed most (of the first
-draw) as ``meshes/RUN/PERTURBATION-MESH.ply`` (faces coloured by predicted
+run and perturbation the copy with the most changed predictions (of the
+first draw) as ``meshes/RUN/PERTURBATION-MESH.ply`` (faces coloured by predicted
 part, black where the prediction differs from that of the original face
 they stem from; opens in MeshLab or Blender) and ``.png`` (its labels and
 predictions).
@@ -45,6 +45,7 @@ predictions).
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from statistics import fmean as mean
 from typing import Any
@@ -142,20 +143,20 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
                disable=not progress)
     original_labels = [mesh.y for mesh in meshes]
     original = score_set(task, model, meshes, originals, False)
-    del original['mesh_agreement']
+    del original['predictions']
     rows = [dict(perturbation='original', drop=0.0, source_drop=0.0, **original)]
     bar.update()
     for name, seeds in sets:
-        scored, first_copies = [], None
+        scored, first_draw = [], None
         for draw_seed in seeds:
             copies = PerturbedMeshes(variants_dir, meshes, name, draw_seed,
                                      pre_transform=task.preprocessing,
                                      num_workers=task.config.num_workers,
                                      log=progress)
-            if first_copies is None:
-                first_copies = copies
             scored.append(score_set(task, model, copies, originals, True,
                                     original_labels))
+            if first_draw is None:  # its copies and their predictions
+                first_draw = copies, scored[-1].pop('predictions')
             bar.update()
         drops = [100 * (rows[0]['face_acc'] - draw['face_acc'])
                  for draw in scored]
@@ -173,8 +174,8 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
             drop=mean(drops), draw_drops=drops,
             source_drop=(None if None in source_drops else mean(source_drops))))
         if examples_dir is not None:
-            example = write_example(task, model, first_copies, originals,
-                                    scored[0]['mesh_agreement'],
+            copies, predictions = first_draw
+            example = write_example(copies, originals, predictions,
                                     Path(examples_dir), name)
             if example is not None:
                 rows[-1]['example'] = example
@@ -206,10 +207,10 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
     with the originals' face labels ``original_labels``, also
     ``source_face_acc``: the accuracy read at the original faces
     (:func:`at_original_faces` of the copies' face logits), :obj:`None`
-    where a copy leaves an original face without faces. ``mesh_agreement``:
-    the agreement per mesh."""
+    where a copy leaves an original face without faces. ``predictions``:
+    the predicted face labels per mesh."""
     correct = agree = faces = 0
-    per_mesh, per_mesh_agreement = [], []
+    per_mesh, predictions = [], []
     # Per copy, the hits at the original faces (None: one has no faces).
     source_hits: list[int | None] = []
     for index, (mesh, original) in enumerate(zip(meshes, originals,
@@ -221,11 +222,10 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
             predicted, source = original, slice(None)
         hits = int((predicted == mesh.y).sum())
         correct += hits
-        agreeing = int((predicted == original[source]).sum())
-        agree += agreeing
+        agree += int((predicted == original[source]).sum())
         faces += mesh.y.numel()
         per_mesh.append(hits / mesh.y.numel())
-        per_mesh_agreement.append(agreeing / mesh.y.numel())
+        predictions.append(predicted)
         if perturbed and original_labels is not None:
             labels = original_labels[index]
             pooled = at_original_faces(scores, source, labels.numel())
@@ -233,7 +233,7 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
                                int((pooled.argmax(-1) == labels).sum()))
     result = dict(faces=faces, face_acc=correct / faces,
                   agreement=agree / faces, mesh_face_acc=per_mesh,
-                  mesh_agreement=per_mesh_agreement)
+                  predictions=predictions)
     if perturbed and original_labels is not None:
         result['source_face_acc'] = (
             None if None in source_hits else
@@ -241,27 +241,29 @@ def score_set(task: Any, model: torch.nn.Module, meshes: Any,
     return result
 
 
-def write_example(task: Any, model: torch.nn.Module, copies: Any,
-                  originals: list[torch.Tensor], agreement: list[float],
-                  out_dir: Path, perturbation: str) -> dict[str, Any] | None:
-    """The copy among ``copies`` whose predictions agree least with the
-    originals' (``agreement``: per copy), written to ``out_dir`` as
-    ``PERTURBATION-MESH.ply``, its faces coloured by predicted part and
-    black (:data:`~pyg_metric_attn.visualization.MARK_COLOR`) where the
-    prediction differs from that of the original face they stem from, and
-    ``PERTURBATION-MESH.png``, its labels and predictions; returns its
-    ``mesh`` name, ``faces``, ``changed_faces`` and ``files``, or
-    :obj:`None` where no copy changed a prediction."""
+def write_example(copies: Any, originals: list[torch.Tensor],
+                  predictions: list[torch.Tensor], out_dir: Path,
+                  perturbation: str) -> dict[str, Any] | None:
+    """The copy among ``copies`` with the most faces predicted otherwise
+    than the original face they stem from (``predictions``: the copies'
+    predicted face labels, ``originals``: the original meshes'), written to
+    ``out_dir`` as ``PERTURBATION-MESH.ply``, its faces coloured by
+    predicted part and black
+    (:data:`~pyg_metric_attn.visualization.MARK_COLOR`) where the
+    prediction changed, and ``PERTURBATION-MESH.png``, its labels and
+    predictions; returns its ``mesh`` name, ``faces``, ``changed_faces`` and
+    ``files``, or :obj:`None` where no copy changed a prediction."""
     from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
     from pyg_metric_attn.datasets.synthetic_humans import BODY_PARTS
     from pyg_metric_attn.visualization import label_colors, render_segmentations
 
-    index = min(range(len(agreement)), key=agreement.__getitem__)
-    if agreement[index] == 1:
+    changed = [(predicted != original[copy.source_face]).numpy()
+               for copy, original, predicted in zip(copies, originals,
+                                                    predictions, strict=True)]
+    index = max(range(len(changed)), key=lambda i: int(changed[i].sum()))
+    if not changed[index].any():
         return None
-    mesh = copies[index]
-    predicted = task.predict(model, mesh)
-    changed = (predicted != originals[index][mesh.source_face]).numpy()
+    mesh, changed, predicted = copies[index], changed[index], predictions[index]
     predicted = predicted.numpy()
     pos, face = mesh.pos.numpy(), mesh.face.t().numpy()
     stem = f"{perturbation}-{Path(str(mesh.name)).stem}"
@@ -315,12 +317,13 @@ def summary_table(results: dict[str, Any]) -> str:
         lines.append('')
         examples = [row for row in run['rows'] if 'example' in row]
         if examples:
-            lines += [f"The copy whose predictions changed most, per "
+            lines += [f"The copy with the most changed predictions, per "
                       f"perturbation (first draw), in "
                       f"`meshes/{run['examples']}/`:", '',
                       '| perturbation | mesh | faces | predictions changed | '
                       'files |', '|---|---|---|---|---|']
-            lines += [f"| {row['perturbation']} | {row['example']['mesh']} | "
+            lines += [f"| {row['perturbation']} | "
+                      f"{row['example']['mesh'].replace('|', '/')} | "
                       f"{row['example']['faces']} | "
                       f"{row['example']['changed_faces']} | "
                       + ', '.join(row['example']['files']) + ' |'
@@ -391,6 +394,8 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, Any] = dict(seed=args.seed, draws=args.draws,
                                    split=args.split,
                                    perturbations=perturbations, runs=[])
+    # the example meshes of this reading only, none of an earlier one
+    shutil.rmtree(out / 'meshes', ignore_errors=True)
     example_folders: list[str] = []
     for run in args.runs:
         task, model, description = load_run(run, 'human_seg', overrides,
