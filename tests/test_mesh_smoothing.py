@@ -42,6 +42,15 @@ def test_one_round_is_a_shrinking_then_an_inflating_umbrella_step():
     np.testing.assert_array_equal(taubin_smoothing(pos, face, 0), pos)
 
 
+def test_a_vertex_on_no_edge_keeps_its_position():
+    # Vertex 4 is in one face that has no edge (all three corners it).
+    pos = np.array([[0., 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0], [2, 2, 2]])
+    face = np.array([[0, 1, 2], [0, 2, 3], [4, 4, 4]])
+    np.testing.assert_array_equal(umbrella_operator(face, 5).toarray()[4],
+                                  [0, 0, 0, 0, 1])
+    np.testing.assert_allclose(taubin_smoothing(pos, face, 3)[4], [2, 2, 2])
+
+
 def test_removes_vertex_noise_without_shrinking_the_surface():
     pos, face = sphere()
     noisy = pos + 0.02 * np.random.default_rng(0).standard_normal(pos.shape)
@@ -68,6 +77,12 @@ def test_bad_settings_are_named():
         taubin_smoothing(pos, face, 1, lam=1.0)
     with pytest.raises(ValueError, match="'pass_band' must lie in"):
         taubin_smoothing(pos, face, 1, pass_band=2.0)
+    # Settings that amplify the highest surface frequencies, or the pass
+    # band, instead of keeping them.
+    with pytest.raises(ValueError, match='amplif'):
+        taubin_smoothing(pos, face, 1, lam=0.9, pass_band=0.1)
+    with pytest.raises(ValueError, match='amplif'):
+        taubin_smoothing(pos, face, 1, lam=0.5, pass_band=1.9)
     with pytest.raises(ValueError, match="'smoothing' must be a non-negative"):
         MeshPreprocessing(smoothing=-2)
 
@@ -96,6 +111,10 @@ def test_preprocessing_computes_the_operators_of_the_smoothed_surface():
     assert plain.tag == 'v2_k16_hks4_auto_basis8_grad'
     assert 'smoothing' not in plain.settings
     assert 'smoothing=2' in repr(MeshPreprocessing(smoothing=2))
+    # A numpy integer is the same setting (and the same cache keys).
+    numpy_two = MeshPreprocessing(**settings, smoothing=np.int64(2))
+    assert numpy_two.settings == MeshPreprocessing(**settings, smoothing=2).settings
+    assert type(numpy_two.settings['smoothing']) is int
 
 
 def test_smoothing_damps_the_change_of_the_hks_under_vertex_noise():

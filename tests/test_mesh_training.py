@@ -400,6 +400,14 @@ def test_mesh_smoothing_gives_every_mesh_the_operators_of_its_smoothed_surface(
     for key, value in expected.items():
         torch.testing.assert_close(mesh[key], value, msg=key)
     assert not torch.allclose(mesh.hks, plain.datasets()[0][0].hks, rtol=1e-3)
+    # A mesh file given to predict is processed the same way (its positions
+    # normalised anew: equal up to float32 round-off, eigenvectors up to sign).
+    prepared = task.prepare_mesh(mesh.pos.numpy(), face, 'file.obj')
+    for key in ('hks', 'mass'):
+        torch.testing.assert_close(prepared[key], expected[key], rtol=1e-4,
+                                   atol=1e-6, msg=key)
+    assert not torch.allclose(prepared.hks, plain.prepare_mesh(
+        mesh.pos.numpy(), face, 'file.obj').hks, rtol=1e-3)
     with pytest.raises(ValueError, match='mesh_smoothing'):
         HumanSegTask(mesh_smoothing=-1, **SMALL)
 

@@ -54,8 +54,12 @@ class MeshPreprocessing(BaseTransform):
 
     With ``smoothing = s > 0`` every operator is computed from the positions
     after ``s`` rounds of :func:`~pyg_metric_attn.geometry.taubin_smoothing`
-    (``pos`` itself is kept): vertex noise and the differences between two
-    meshings of one surface reach the HKS, eigenpairs and gradients damped.
+    (``pos`` itself is kept): vertex noise reaches the HKS, eigenpairs and
+    gradients damped, and so do part of the differences a finer meshing of
+    the surface makes. The rounds act over edges, not a distance: a coarser
+    mesh is smoothed over a wider patch of its surface. The smoothing's
+    ``lam`` and ``pass_band`` are the function's defaults; a change of them
+    needs a new :attr:`version`.
 
     These are exactly what :class:`~pyg_metric_attn.nn.models.MetricMeshFormer`
     and the IPN read. The operators compose the functions of
@@ -110,8 +114,8 @@ class MeshPreprocessing(BaseTransform):
         if laplacian not in LAPLACIANS:
             raise ValueError(f"Unknown Laplacian '{laplacian}'; expected one of "
                              f"{LAPLACIANS}")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, int) \
-                or smoothing < 0:
+        if isinstance(smoothing, bool) \
+                or not isinstance(smoothing, (int, np.integer)) or smoothing < 0:
             raise ValueError(f"'smoothing' must be a non-negative integer, got "
                              f"{smoothing!r}")
         self.k = k
@@ -119,7 +123,7 @@ class MeshPreprocessing(BaseTransform):
         self.spectral_basis = spectral_basis
         self.gradients = gradients
         self.laplacian = laplacian
-        self.smoothing = smoothing
+        self.smoothing = int(smoothing)
         self.cache = OperatorCache(cache_dir)
 
     @property

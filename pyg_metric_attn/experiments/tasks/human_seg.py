@@ -43,7 +43,8 @@ so that its inputs do not depend on the pose or roughness behind its unit
 maximum radius. ``mesh_smoothing=S`` computes every mesh's operators (HKS,
 eigenpairs, gradients) after ``S`` rounds of Taubin smoothing
 (:func:`~pyg_metric_attn.geometry.taubin_smoothing`), which damps vertex
-noise and the differences between two meshings of one surface. With
+noise (the rounds act over edges: a coarser mesh is smoothed over a wider
+patch); a model that reads only ``xyz`` and no operators does not see it. With
 ``augment_copies=N > 0`` every training mesh gets ``N`` perturbed copies per
 perturbation of ``augment_perturbations``
 (:func:`~pyg_metric_attn.geometry.perturb_mesh`: remeshed, deformed, ...;
