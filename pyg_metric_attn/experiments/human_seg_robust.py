@@ -404,10 +404,11 @@ def main(args: argparse.Namespace) -> int:
                                              precision=args.precision)
         print(description)
         # the run folder's name, numbered where two runs share it
-        examples, number = Path(run).resolve().name, 1
+        name = examples = Path(run).resolve().name
+        number = 1
         while examples in example_folders:
             number += 1
-            examples = f'{Path(run).resolve().name}-{number}'
+            examples = f'{name}-{number}'
         example_folders.append(examples)
         rows = score(task, model, perturbations, args.seed, args.variants_dir,
                      not args.no_progress, args.split, args.draws,
