@@ -15,6 +15,16 @@ from pyg_metric_attn.geometry.mesh import mesh_edges
 MAX_PASS_BAND_GAIN = 1.1
 
 
+def smoothing_rounds(value: object, name: str = 'steps') -> int:
+    """``value`` as a number of smoothing rounds (a Python or numpy integer,
+    at least 0, not a bool); a :class:`ValueError` naming ``name``
+    otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or value < 0:
+        raise ValueError(f"'{name}' must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def umbrella_operator(face: np.ndarray, num_vertices: int) -> sp.csr_matrix:
     r""":math:`W` ``[V, V]``, the mean over each vertex's one-ring
     neighbours (:math:`W_{ij} = 1 / \deg i` for every mesh edge
@@ -51,9 +61,7 @@ def taubin_smoothing(pos: np.ndarray, face: np.ndarray, steps: int,
     :data:`MAX_PASS_BAND_GAIN` per round are rejected (Taubin's paper uses
     :math:`k_{PB}` of 0.01 to 0.1). Returns the new positions ``[V, 3]``
     (float64); ``steps=0`` returns a copy."""
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) \
-            or steps < 0:
-        raise ValueError(f"'steps' must be a non-negative integer, got {steps!r}")
+    steps = smoothing_rounds(steps)
     if not 0 < lam < 1:
         raise ValueError(f"'lam' must lie in (0, 1), got {lam!r}")
     if not 0 < pass_band < 1 / lam:

@@ -19,7 +19,7 @@ from pyg_metric_attn.geometry.gradients import (
 )
 from pyg_metric_attn.geometry.laplacian import LAPLACIANS, laplacian
 from pyg_metric_attn.geometry.mesh import MeshError, check_mesh, normalize_positions
-from pyg_metric_attn.geometry.smoothing import taubin_smoothing
+from pyg_metric_attn.geometry.smoothing import smoothing_rounds, taubin_smoothing
 from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
@@ -114,16 +114,12 @@ class MeshPreprocessing(BaseTransform):
         if laplacian not in LAPLACIANS:
             raise ValueError(f"Unknown Laplacian '{laplacian}'; expected one of "
                              f"{LAPLACIANS}")
-        if isinstance(smoothing, bool) \
-                or not isinstance(smoothing, (int, np.integer)) or smoothing < 0:
-            raise ValueError(f"'smoothing' must be a non-negative integer, got "
-                             f"{smoothing!r}")
         self.k = k
         self.hks_count = hks_count
         self.spectral_basis = spectral_basis
         self.gradients = gradients
         self.laplacian = laplacian
-        self.smoothing = int(smoothing)
+        self.smoothing = smoothing_rounds(smoothing, 'smoothing')
         self.cache = OperatorCache(cache_dir)
 
     @property
