@@ -1,7 +1,7 @@
 """How much of a trained human_seg model's accuracy drop under a
 perturbation comes from its input descriptor (the HKS) and how much from
 the mesh operators and connectivity it runs on: each perturbed copy of the
-meshes read six ways,
+meshes read up to eight ways,
 
 - ``perturbed``: as ``experiment human_seg_robust`` scores it (its own HKS,
   operators and connectivity);
@@ -20,6 +20,12 @@ meshes read six ways,
   vertex model out at faces it did not see (subdivision's corner faces
   lean towards their one original vertex); for decimation an
   approximation, each vertex taking its nearest original vertex's logits;
+- ``only added vertices perturbed``, ``only original vertices perturbed``
+  (Loop subdivision): the invariant model's vertex logits with those of the
+  vertices subdivision adds replaced by the copy's own, or the copy's own
+  logits at the original vertices with every added vertex taking the mean
+  of its edge's two ends (:func:`partly_own`): which vertices carry the
+  model's change beyond the readout;
 - ``at the original faces``: the perturbed copy's face logits averaged
   over the faces that stem from one original face and scored against the
   original labels, at the resolution the labels were drawn (an invariant
@@ -60,7 +66,13 @@ from pyg_metric_attn.training.segmentation import face_logits
 
 #: The readings of each perturbation, in the order of the table.
 WAYS = ('perturbed', 'original inputs', 'only inputs perturbed',
-        'invariant model', 'at the original faces', 'ground truth')
+        'invariant model', 'only added vertices perturbed',
+        'only original vertices perturbed', 'at the original faces',
+        'ground truth')
+#: The readings of a Loop subdivision by which of its vertices keep the
+#: copy's own logits (:func:`partly_own`).
+OWN_VERTICES = {'only added vertices perturbed': 'added',
+                'only original vertices perturbed': 'original'}
 #: The perturbations this script reads.
 READABLE = (*SAME_VERTICES, 'decimation')
 
@@ -128,18 +140,48 @@ def ground_truth_drop(meshes, copies, num_classes: int) -> float:
     return 100 * (correct[0] / faces[0] - correct[1] / faces[1])
 
 
-def invariant_model_accuracy(task, model, meshes, copies) -> float:
-    """The face accuracy on the copies of a model exactly invariant to the
-    perturbation: the original meshes' vertex logits carried to the copies'
-    vertices (:func:`carried`) and read out at the copies' faces."""
-    correct = faces = 0
+def partly_own(own: torch.Tensor, original: torch.Tensor, copy, mesh,
+               own_vertices: str) -> torch.Tensor:
+    """Vertex logits of a Loop-subdivided copy that are the copy's ``own``
+    only at ``own_vertices``: ``'added'``, the vertices subdivision adds
+    (the original ones keep the original mesh's logits ``original``), or
+    ``'original'``, the original mesh's vertices, the copy's first (every
+    added vertex then takes the mean of its edge's two ends, as in
+    :func:`carried`)."""
+    count = original.size(0)
+    if own_vertices == 'added':
+        values = carried(original, copy, mesh).clone()
+        values[count:] = own[count:]
+        return values
+    if own_vertices == 'original':
+        return carried(own[:count], copy, mesh)
+    raise ValueError(f"own_vertices is 'added' or 'original', not "
+                     f"{own_vertices!r}")
+
+
+def carried_logits_accuracies(task, model, meshes, copies,
+                              subdivided: bool) -> dict[str, float]:
+    """The face accuracy on the copies of vertex logits carried from the
+    original meshes and read out at the copies' faces: ``'invariant
+    model'``, the original logits (:func:`carried`), what a model exactly
+    invariant to the perturbation scores; for a Loop subdivision
+    (``subdivided``) also the readings of :data:`OWN_VERTICES`."""
+    ways = {'invariant model': None,
+            **(OWN_VERTICES if subdivided else {})}
+    correct = dict.fromkeys(ways, 0)
+    faces = 0
     with eval_mode(model):
         for mesh, copy in zip(meshes, copies, strict=True):
-            logits = carried(task.forward(model, mesh), copy, mesh)
-            predicted = face_logits(logits, copy.face).argmax(-1)
-            correct += int((predicted == copy.y).sum())
+            original = task.forward(model, mesh)
+            own = task.forward(model, copy) if subdivided else None
+            for way, own_vertices in ways.items():
+                logits = (carried(original, copy, mesh) if own_vertices is None
+                          else partly_own(own, original, copy, mesh,
+                                          own_vertices))
+                predicted = face_logits(logits, copy.face).argmax(-1)
+                correct[way] += int((predicted == copy.y).sum())
             faces += copy.y.numel()
-    return correct / faces
+    return {way: count / faces for way, count in correct.items()}
 
 
 def with_hks(mesh, hks: torch.Tensor, source_face: torch.Tensor):
@@ -190,9 +232,11 @@ def transplant(run: str, split: str, perturbations: list[str]) -> dict:
         result[perturbation] = {way: 100 * (base - row['face_acc'])
                                 for way, row in scored.items()}
         result[perturbation].update({
-            'invariant model': 100 * (base - invariant_model_accuracy(
-                task, model, meshes, copies)),
-            'ground truth': ground_truth_drop(meshes, copies, len(BODY_PARTS))})
+            way: 100 * (base - accuracy) for way, accuracy in
+            carried_logits_accuracies(task, model, meshes, copies,
+                                      perturbation == 'subdivision').items()})
+        result[perturbation]['ground truth'] = ground_truth_drop(
+            meshes, copies, len(BODY_PARTS))
         if scored['perturbed']['source_face_acc'] is not None:
             result[perturbation]['at the original faces'] = 100 * (
                 base - scored['perturbed']['source_face_acc'])

@@ -168,6 +168,37 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
         carried(values, broken, mesh)
 
 
+def test_a_subdivided_copy_read_with_its_own_logits_at_one_kind_of_vertex():
+    """benchmarks/mesh_input_transplant splits a model's change under Loop
+    subdivision between the vertices subdivision adds and the original
+    ones: the copy's own logits at one kind, the carried original logits
+    (or, at an added vertex, the mean of its edge's two ends) at the
+    other."""
+    from benchmarks.mesh_input_transplant import partly_own
+
+    pos, face, _ = labelled_capsule()
+    copy = PREPROCESS(mesh_data(*perturb_mesh(pos, face, 'subdivision',
+                                              np.random.default_rng(0))[:2],
+                                'subdivided'))
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
+    count = len(pos)
+    original = torch.randn(count, 5, dtype=torch.float64)
+    own = torch.randn(copy.num_nodes, 5, dtype=torch.float64)
+    added = partly_own(own, original, copy, mesh, 'added')
+    assert torch.equal(added[:count], original)
+    assert torch.equal(added[count:], own[count:])
+    at_original = partly_own(own, original, copy, mesh, 'original')
+    assert torch.equal(at_original[:count], own[:count])
+    src, dst = copy.edge_index
+    for vertex in (count, copy.num_nodes - 1):
+        ends = src[(dst == vertex) & (src < count)]
+        assert ends.numel() == 2
+        torch.testing.assert_close(at_original[vertex], own[ends].mean(dim=0))
+    assert not torch.equal(added, own)  # the original vertices are not its own
+    with pytest.raises(ValueError, match="'added' or 'original', not 'all'"):
+        partly_own(own, original, copy, mesh, 'all')
+
+
 def test_values_carried_to_a_decimated_copy_come_from_the_nearest_vertex():
     """A decimated copy's vertices move and the copy is centred and scaled
     on its own: benchmarks/mesh_input_transplant puts it back into the
@@ -306,6 +337,9 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert drops['subdivision']['at the original faces'] == pytest.approx(
         rows['subdivision']['source_drop'])
     assert 'only inputs perturbed' not in drops['subdivision']
+    # Under subdivision the change is also split by vertex kind.
+    assert {'only added vertices perturbed', 'only original vertices perturbed'
+            } < set(drops['subdivision'])
     # Decimation leaves original faces without faces: not read there.
     assert drops['decimation']['perturbed'] == pytest.approx(
         rows['decimation']['drop'])
