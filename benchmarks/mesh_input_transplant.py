@@ -24,8 +24,9 @@ meshes read up to eight ways,
   (Loop subdivision): the invariant model's vertex logits with those of the
   vertices subdivision adds replaced by the copy's own, or the copy's own
   logits at the original vertices with every added vertex taking the mean
-  of its edge's two ends (:func:`partly_own`): which vertices carry the
-  model's change beyond the readout;
+  of its edge's two ends (:func:`partly_own`): the model's change beyond
+  the readout split by vertex kind (the added vertices, three quarters of
+  the copy's and at least two corners of each of its faces, weigh more);
 - ``at the original faces``: the perturbed copy's face logits averaged
   over the faces that stem from one original face and scored against the
   original labels, at the resolution the labels were drawn (an invariant
