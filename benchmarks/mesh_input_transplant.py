@@ -167,20 +167,21 @@ def carried_logits_accuracies(task, model, meshes, copies,
     model'``, the original logits (:func:`carried`), what a model exactly
     invariant to the perturbation scores; for a Loop subdivision
     (``subdivided``) also the readings of :data:`OWN_VERTICES`."""
-    ways = {'invariant model': None,
-            **(OWN_VERTICES if subdivided else {})}
-    correct = dict.fromkeys(ways, 0)
+    correct: dict[str, int] = {}
     faces = 0
     with eval_mode(model):
         for mesh, copy in zip(meshes, copies, strict=True):
             original = task.forward(model, mesh)
-            own = task.forward(model, copy) if subdivided else None
-            for way, own_vertices in ways.items():
-                logits = (carried(original, copy, mesh) if own_vertices is None
-                          else partly_own(own, original, copy, mesh,
-                                          own_vertices))
+            readings = {'invariant model': carried(original, copy, mesh)}
+            if subdivided:
+                own = task.forward(model, copy)
+                readings.update(
+                    {way: partly_own(own, original, copy, mesh, own_vertices)
+                     for way, own_vertices in OWN_VERTICES.items()})
+            for way, logits in readings.items():
                 predicted = face_logits(logits, copy.face).argmax(-1)
-                correct[way] += int((predicted == copy.y).sum())
+                correct[way] = correct.get(way, 0) + int(
+                    (predicted == copy.y).sum())
             faces += copy.y.numel()
     return {way: count / faces for way, count in correct.items()}
 
