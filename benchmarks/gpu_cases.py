@@ -881,6 +881,11 @@ def main(argv: list[str] | None = None) -> None:
         meta['earlier_runs'] = earlier['meta'].get('earlier_runs', []) + [
             dict(date=earlier['meta']['date'],
                  wall_s=earlier['meta'].get('wall_s'))]
+    # Earlier results of jobs this call does not select (--only, --variants)
+    # stay in the file and its tables.
+    planned = {result_key(case, mode) for job in plan for case in job['cases']
+               for mode in case_modes(case)}
+    others = [r for key, r in previous.items() if key not in planned]
     for number, job in enumerate(plan, 1):
         job_start = time.time()
         print(f"[{time.time() - start:5.0f} s] {number}/{len(plan)} "
@@ -890,8 +895,8 @@ def main(argv: list[str] | None = None) -> None:
             print('    ' + _summary(result), flush=True)
         meta['wall_s'] = time.time() - start
         meta.setdefault('job_wall_s', {})[job['name']] = time.time() - job_start
-        write_results(args.out, name, meta, results)
-    print(report(meta, results))
+        write_results(args.out, name, meta, results + others)
+    print(report(meta, results + others))
 
 
 def write_results(out: Path, name: str, meta: dict[str, Any],
@@ -1175,7 +1180,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help='timed training steps (default 300; quick 100)')
     parser.add_argument('--resume', action='store_true',
                         help='keep the results in OUT/gpu.json that are not '
-                             '"skipped" and run only the rest')
+                             '"skipped" and run only the rest (results of jobs '
+                             'not selected now stay in the file)')
     parser.add_argument('--dry-run', action='store_true',
                         help='print the jobs and estimates, run nothing')
     return parser.parse_args(argv)

@@ -60,6 +60,29 @@ def test_an_exhausted_budget_skips_and_resume_keeps_results(tmp_path):
     assert {r['status'] for r in kept} == {'ok'}
 
 
+def test_resume_with_other_jobs_selected_keeps_the_earlier_results(tmp_path):
+    # A lease measures some jobs, a later call resumes with --only other
+    # jobs: the file (and its tables) must still hold the first call's.
+    jobs = gpu_cases.jobs('tiny', gpu_cases.parse_args(
+        ['--tiny', '--multi30k', 'off']))
+    earlier_job, later_job = jobs[1], jobs[2]
+    earlier = [dict(case=case, mode=mode, status='ok', median_s=1e-3,
+                    times_s=[1e-3] * 3)
+               for case in earlier_job['cases']
+               for mode in gpu_cases.case_modes(case)]
+    meta = dict(date='2026-11-27', wall_s=1.0)
+    (tmp_path / 'gpu-tiny.json').write_text(json.dumps(
+        dict(meta=meta, results=earlier)))
+    run_main(['--suite', 'gpu', '--device', 'cpu', '--tiny', '--out',
+              str(tmp_path), '--resume', '--budget-s', '0', '--only',
+              later_job['name'], '--multi30k', 'off'])
+    results = json.loads((tmp_path / 'gpu-tiny.json').read_text())['results']
+    kept = [r for r in results if r['status'] == 'ok']
+    assert kept == earlier
+    assert len(results) == len(earlier) + sum(
+        len(gpu_cases.case_modes(c)) for c in later_job['cases'])
+
+
 def test_the_full_plan_runs_the_targets_first():
     names = [job['name'] for job in gpu_cases.jobs(
         'full', gpu_cases.parse_args(['--multi30k', 'synthetic']))]
