@@ -26,7 +26,8 @@ What runs, in this order (most important first, so that a run cut short by
    float32, eager and (at the first two sizes) under
    ``torch.compile(mode='reduce-overhead')`` (variants ``*-compiled``:
    forward + backward only, three warm-up steps for the compile and the
-   CUDA graph's recording).
+   CUDA graph's recording; each cell counts Inductor's fallbacks from CUDA
+   graphs, and its job's stderr says why).
    ``sparse`` at scale: one layer ``64 -> 4 heads x 64`` (concat; each layer's
    defaults, self-loops added by the layer) of GATConv, GATv2Conv,
    TransformerConv and MetricAttentionConv with backend 'triton', 'scatter'
@@ -340,6 +341,15 @@ def measure(step: Callable[[], None], device: torch.device, min_time: float,
         result.update(peak_mib=peak / 2**20, baseline_mib=baseline / 2**20,
                       peak_over_baseline_mib=(peak - baseline) / 2**20)
     return result
+
+
+def cudagraph_skips() -> int:
+    """How often Inductor has fallen back from CUDA graphs in this process
+    (``mode='reduce-overhead'`` then runs its kernels one by one from the
+    host). Why is logged on torch's ``cudagraphs`` log, which the child
+    process turns on, so the reason lands in the job's stderr."""
+    from torch._dynamo.utils import counters
+    return counters['inductor']['cudagraph_skips']
 
 
 def warmup_steps(case: dict[str, Any]) -> int:
@@ -704,6 +714,8 @@ def child_main(job_path: str, results_path: str, device_name: str,
     item to ``results_path`` (a ``start`` line before each)."""
     device = torch.device(device_name)
     cases = json.loads(Path(job_path).read_text())
+    if any(is_compiled(item['case']) for item in cases):
+        torch._logging.set_logs(cudagraphs=True)  # why CUDA graphs were skipped
     job = Job(device)
     with open(results_path, 'a') as log:
         def write(record: dict[str, Any]) -> None:
@@ -728,8 +740,11 @@ def child_main(job_path: str, results_path: str, device_name: str,
                     result = multi30k_speed(case, device, deadline)
                 else:
                     step = build_step(case, mode, job)
+                    skips = cudagraph_skips()
                     result = measure(step, device, min_time, deadline,
                                      warmup_steps(case))
+                    if is_compiled(case) and device.type == 'cuda':
+                        result['cudagraph_skips'] = cudagraph_skips() - skips
                     if case.get('busy') and mode == 'forward_backward':
                         result['gpu_busy_share'] = gpu_busy_share(
                             step, device, result['median_s'])
@@ -1123,6 +1138,15 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                       f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
                       f"{r['case']['variant']} | {r['gpu_busy_share']:.2f} |"
                       for r in busy])]
+    compiled = [r for r in results if 'cudagraph_skips' in r]
+    if compiled:
+        parts += ["### CUDA graphs under `mode='reduce-overhead'` (Inductor's "
+                  "fallbacks to launching from the host; why: the job's stderr)",
+                  '\n'.join(['| case | variant | fallbacks |', '|---|---|---|'] + [
+                      f"| {r['case']['graph']} {_short(r['case']['nodes'])}/"
+                      f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
+                      f"{r['case']['variant']} | {r['cudagraph_skips']} |"
+                      for r in compiled])]
     speed = [r for r in results if r['case']['kind'] == 'multi30k']
     if speed:
         lines = ['| attention | status | tokens/s | steps | ms/step | peak MiB '

@@ -211,6 +211,28 @@ def test_targets_report_met_missed_and_oom():
                 'forward_backward'][1].startswith('not measured')
 
 
+def test_cudagraph_fallbacks_are_counted_and_reported():
+    from torch._dynamo.utils import counters
+
+    before = gpu_cases.cudagraph_skips()
+    counters['inductor']['cudagraph_skips'] += 2  # what Inductor does on one
+    assert gpu_cases.cudagraph_skips() - before == 2
+    counters['inductor']['cudagraph_skips'] -= 2
+    meta = dict(size='full', device='cuda', command='c', machine='m', torch='t',
+                cuda='13', torch_geometric='g', triton='x', torch_scatter='s',
+                torch_sparse='p', date='d', budget_s=1)
+    case = dict(kind='sparse', graph='uniform', nodes=2_708, edges=10_556,
+                dtype='float32', heads=4, channels=64, out_channels=16)
+    results = [dict(case=case | dict(variant=variant), mode='forward_backward',
+                    status='ok', median_s=2e-3, peak_over_baseline_mib=1.0,
+                    cudagraph_skips=skips)
+               for variant, skips in (('GATConv-compiled', 0),
+                                      ('metric-triton-compiled', 2))]
+    table = gpu_cases.report(meta, results)
+    assert '| uniform 2708/10556 float32 | GATConv-compiled | 0 |' in table
+    assert '| uniform 2708/10556 float32 | metric-triton-compiled | 2 |' in table
+
+
 def test_every_job_of_the_suite_runs_at_tiny_size(device):
     """Each (case, mode) of every job of ``--suite gpu --tiny`` (the
     Multi30k speed job on synthetic ids included) measured in this process,
