@@ -1083,6 +1083,16 @@ def table(results: list[dict[str, Any]], baseline: str, key: str,
     return '\n'.join(lines)
 
 
+def _per_cell(title: str, results: list[dict[str, Any]], column: str,
+              value: Callable[[dict[str, Any]], str]) -> list[str]:
+    """A heading and a table of one value per sparse cell."""
+    return [f'### {title}', '\n'.join(
+        [f'| case | variant | {column} |', '|---|---|---|'] + [
+            f"| {r['case']['graph']} {_short(r['case']['nodes'])}/"
+            f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
+            f"{r['case']['variant']} | {value(r)} |" for r in results])]
+
+
 def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     memory = ('peak GPU memory allocated during the steps over what was '
               'allocated before (inputs, model), MiB'
@@ -1131,22 +1141,15 @@ def report(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
                       table(chosen, baseline, 'peak_over_baseline_mib', 1.0, 0)]
     busy = [r for r in results if r.get('gpu_busy_share') is not None]
     if busy:
-        parts += ['### GPU busy share of a fwd+bwd step (kernel time over the '
-                  'step, profiled)',
-                  '\n'.join(['| case | variant | share |', '|---|---|---|'] + [
-                      f"| {r['case']['graph']} {_short(r['case']['nodes'])}/"
-                      f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
-                      f"{r['case']['variant']} | {r['gpu_busy_share']:.2f} |"
-                      for r in busy])]
+        parts += _per_cell('GPU busy share of a fwd+bwd step (kernel time over '
+                           'the step, profiled)', busy, 'share',
+                           lambda r: f"{r['gpu_busy_share']:.2f}")
     compiled = [r for r in results if 'cudagraph_skips' in r]
     if compiled:
-        parts += ["### CUDA graphs under `mode='reduce-overhead'` (Inductor's "
-                  "fallbacks to launching from the host; why: the job's stderr)",
-                  '\n'.join(['| case | variant | fallbacks |', '|---|---|---|'] + [
-                      f"| {r['case']['graph']} {_short(r['case']['nodes'])}/"
-                      f"{_short(r['case']['edges'])} {r['case']['dtype']} | "
-                      f"{r['case']['variant']} | {r['cudagraph_skips']} |"
-                      for r in compiled])]
+        parts += _per_cell("CUDA graphs under `mode='reduce-overhead'` "
+                           "(Inductor's fallbacks to launching from the host; "
+                           "why: the job's stderr)", compiled, 'fallbacks',
+                           lambda r: str(r['cudagraph_skips']))
     speed = [r for r in results if r['case']['kind'] == 'multi30k']
     if speed:
         lines = ['| attention | status | tokens/s | steps | ms/step | peak MiB '
