@@ -2,9 +2,11 @@
 # The GPU checks, each a command that fits the device's 10-minute limit:
 #
 #   bash benchmarks/gpu_session.sh lease      # a 15-minute lease: the CUDA
-#                                             # tests, compute-sanitizer and
-#                                             # the targets' benchmarks in
-#                                             # LEASE_S seconds (default 420)
+#                                             # tests, compute-sanitizer, the
+#                                             # host profiles, two human_seg
+#                                             # epochs and the targets'
+#                                             # benchmarks in LEASE_S seconds
+#                                             # (default 420)
 #   bash benchmarks/gpu_session.sh tests      # environment + the whole suite
 #                                             # on CUDA (also: make test-gpu)
 #   bash benchmarks/gpu_session.sh bench      # python -m benchmarks.run --suite gpu
@@ -112,13 +114,34 @@ bench() {
     cp "$OUT"/bench/* gpu-out/bench/ 2>/dev/null
 }
 
+# human_seg SECONDS [train options]: MetricMeshFormer on MeshCNN human_seg on
+# $DEVICE for EPOCHS epochs (default 2), cut after SECONDS; the meshes'
+# operators are computed once into /tmp/human_seg_processed (kept on a warm
+# machine). The per-epoch times are in human_seg-metrics.csv.
+human_seg() {
+    local seconds=$1
+    shift
+    if [ ! -d "$PYG_METRIC_ATTN_SHARED/human_seg" ]; then
+        echo "no human_seg data: make gpu-bundle, carry .data" > "$OUT/human_seg.log"
+        return
+    fi
+    timeout -s INT -k 10 "$seconds" $PY -m pyg_metric_attn train human_seg \
+        --device "$DEVICE" --attention metricformer --epochs "${EPOCHS:-2}" \
+        --root "$PYG_METRIC_ATTN_SHARED/human_seg" \
+        --processed-dir /tmp/human_seg_processed --out gpu-out/human_seg \
+        --no-progress "$@" 2>&1 | tee "$OUT/human_seg.log"
+    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/human_seg.log"
+    cp gpu-out/human_seg/metrics.csv "$OUT/human_seg-metrics.csv" 2>/dev/null || true
+}
+
 case "$mode" in
 lease)
     # What one 15-minute lease can hold, most important first: the device
     # tests (TESTS_S, default 150 s, at most), the Triton layer on every
     # input format under compute-sanitizer's memcheck (60 s at most), where
     # the time of a Cora-size layer step and of the dense module goes
-    # (benchmarks/host_profile.py, 40 s each at most), then the issues'
+    # (benchmarks/host_profile.py, 40 s each at most), two epochs of
+    # human_seg (HUMAN_SEG_S, default 150 s, at most), then the issues'
     # benchmark targets until LEASE_S. A second call (`bench`) on the warm
     # machine resumes the benchmarks.
     lease_s=${LEASE_S:-420}
@@ -137,6 +160,11 @@ lease)
         timeout -s INT -k 5 40 $PY -m benchmarks.host_profile \
             --variant "$variant" --device "$DEVICE" 2>&1
     done > "$OUT/profile.log"
+    # Two epochs of the mesh job on the GPU (never run on one so far), in
+    # HUMAN_SEG_S seconds (default 150) or what the lease has left.
+    left=$((lease_s - SECONDS - 30))
+    seconds=$((left < ${HUMAN_SEG_S:-150} ? left : ${HUMAN_SEG_S:-150}))
+    [ "$seconds" -ge 60 ] && human_seg "$seconds" > /dev/null
     bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
         100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
         metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot \
@@ -160,16 +188,9 @@ tests)
     ;;
 human_seg)
     # The real benchmark (MeshCNN human_seg) with the RESULTS.md model, on
-    # the device, for EPOCHS epochs (default 2); the meshes' operators are
-    # computed once into /tmp/human_seg_processed (kept on a warm machine).
+    # the device, for EPOCHS epochs (default 2).
     environment > "$OUT/env.txt" 2>&1
-    timeout -s INT -k 10 560 $PY -m pyg_metric_attn train human_seg \
-        --device "$DEVICE" --attention metricformer --epochs "${EPOCHS:-2}" \
-        --root "$PYG_METRIC_ATTN_SHARED/human_seg" \
-        --processed-dir /tmp/human_seg_processed --out gpu-out/human_seg \
-        --no-progress "$@" 2>&1 | tee "$OUT/human_seg.log"
-    echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/human_seg.log"
-    cp gpu-out/human_seg/metrics.csv "$OUT/human_seg-metrics.csv" 2>/dev/null || true
+    human_seg 560 "$@"
     ;;
 bench)
     # The whole suite, most important first; 520 s unless --budget-s says
