@@ -367,6 +367,37 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
                            torch.tensor([1, 2])]) == (2, 4)
 
 
+def test_gradient_drift_of_a_trained_former(tmp_path):
+    """benchmarks/mesh_gradient_drift: per diffusion channel, the change of
+    the diffused channel and of its gradient magnitude; none under a
+    rotation (HKS inputs, and a magnitude does not see the tangent frame
+    turn); under Loop subdivision the operator gives the positions nearly
+    the same gradient magnitude (a consistent operator)."""
+    from benchmarks.mesh_gradient_drift import gradient_drift, markdown, plot
+    options = [arg for key, value in dict(
+        synthetic_root=tmp_path / 'synthetic', synthetic_train=1,
+        synthetic_test=1, num_workers=1, k=16, batch_size=1,
+        former_hidden_channels=16, former_num_layers=1, former_heads=2).items()
+        for arg in ('-o', f'{key}={value}')]
+    run = tmp_path / 'run'
+    assert main(['train', '--attention', 'metricformer', '--epochs', '1',
+                 '--out', str(run), '--no-progress', *options]) == 0
+    rotated = gradient_drift(str(run), 'test', 'rotation')
+    (block,) = rotated['blocks']
+    assert len(block['time']) == len(block['gradient']) == 16
+    assert max(block['diffused']) < 1e-4 and max(block['gradient']) < 1e-4
+    subdivided = gradient_drift(str(run), 'test', 'subdivision')
+    (block,) = subdivided['blocks']
+    assert block['time'] == rotated['blocks'][0]['time']
+    assert min(block['gradient']) > 1e-3
+    assert 0 < subdivided['positions'] < 0.25
+    table = markdown({str(run): subdivided}, 'test', 'subdivision')
+    # four groups of diffusion time, then the block's correlation
+    assert table.count('| run | 0 |') == 5
+    plot({str(run): subdivided}, 'subdivision', tmp_path / 'drift.png')
+    assert (tmp_path / 'drift.png').stat().st_size > 0
+
+
 def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
     # Choices made for robustness read the meshes a run held out of its
     # training meshes, not the test split: '--split val' perturbs exactly
