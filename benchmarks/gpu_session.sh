@@ -164,7 +164,7 @@ lease)
     # HUMAN_SEG_S seconds (default 150) or what the lease has left.
     left=$((lease_s - SECONDS - 30))
     seconds=$((left < ${HUMAN_SEG_S:-150} ? left : ${HUMAN_SEG_S:-150}))
-    [ "$seconds" -ge 60 ] && human_seg "$seconds" > /dev/null
+    [ "$seconds" -ge 60 ] && human_seg "$seconds" -o num_workers=8 > /dev/null
     bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
         100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
         metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot \
