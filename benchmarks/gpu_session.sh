@@ -93,7 +93,7 @@ $PY -c 'import xdist' 2>/dev/null && xdist=(-n 8)
 
 # device_tests SECONDS LOG: the device tests on $DEVICE, cut after SECONDS.
 device_tests() {
-    timeout -s INT -k 15 "$1" $PY -m pytest --device "$DEVICE" -q -rfE \
+    timeout -s INT -k 15 "$1" $PY -m pytest --device "$DEVICE" -v -rfE \
         --durations 15 -p no:cacheprovider "${pytest_extra[@]}" "${xdist[@]}" \
         "${DEVICE_TESTS[@]}" 2>&1 | tee "$2"
     echo "exit status: ${PIPESTATUS[0]} (124/130: cut by the time limit)" \
@@ -117,7 +117,7 @@ bench() {
 # human_seg SECONDS [train options]: MetricMeshFormer on MeshCNN human_seg on
 # $DEVICE for EPOCHS epochs (default 2), cut after SECONDS; the meshes'
 # operators are computed once into /tmp/human_seg_processed (kept on a warm
-# machine). The per-epoch times are in human_seg-metrics.csv.
+# machine). Its log ends with the run's metrics.csv (per-epoch seconds).
 human_seg() {
     local seconds=$1
     shift
@@ -131,7 +131,7 @@ human_seg() {
         --processed-dir /tmp/human_seg_processed --out gpu-out/human_seg \
         --no-progress "$@" 2>&1 | tee "$OUT/human_seg.log"
     echo "exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/human_seg.log"
-    cp gpu-out/human_seg/metrics.csv "$OUT/human_seg-metrics.csv" 2>/dev/null || true
+    cat gpu-out/human_seg/metrics.csv >> "$OUT/human_seg.log" 2>/dev/null || true
 }
 
 case "$mode" in
@@ -147,13 +147,16 @@ lease)
     lease_s=${LEASE_S:-420}
     environment > "$OUT/env.txt" 2>&1
     device_tests "${TESTS_S:-150}" "$OUT/tests-cuda.log"
+    # (Its log goes after the tests': the device tool returns 8 files.)
     if command -v compute-sanitizer > /dev/null && [ "$DEVICE" = cuda ]; then
+        echo "=== compute-sanitizer memcheck, Triton cases of test_conv_inputs.py" \
+            >> "$OUT/tests-cuda.log"
         timeout -s INT -k 10 60 compute-sanitizer --tool memcheck \
             --error-exitcode 99 $PY -m pytest --device cuda -q -rfE -x \
             -p no:cacheprovider tests/test_conv_inputs.py \
-            -k 'triton and not device_assert' 2>&1 | tail -60 > "$OUT/sanitizer.log"
+            -k 'triton and not device_assert' 2>&1 | tail -60 >> "$OUT/tests-cuda.log"
         echo "exit status: ${PIPESTATUS[0]} (99: memcheck found errors)" \
-            >> "$OUT/sanitizer.log"
+            >> "$OUT/tests-cuda.log"
     fi
     # Where a small graph's step goes (host or GPU), and the dense module's.
     for variant in metric-triton GATConv mha-metric; do
