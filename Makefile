@@ -66,10 +66,12 @@ endif
 ## triton installed (Triton kernels run in its interpreter without a GPU). The
 ## suite also runs the core tests (tests/core) with every extra hidden. Two
 ## pytest-xdist workers, one per core of the 2-core machine (serially the
-## suite takes about twice as long).
+## suite takes about twice as long), each with one intra-op thread (tests that
+## need two set them): two OpenMP teams of two threads on two cores wait on
+## each other at every parallel region.
 test: $(call stamp,$(TEST_EXTRAS)) $(SAMPLING_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2
 
 ## The core tests in a venv that has only the core install (torch,
 ## torch-geometric, numpy, scipy, tqdm): pyg_metric_attn, its layers and models
