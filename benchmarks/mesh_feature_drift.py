@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyg_metric_attn.datasets import PerturbedMeshes
+from pyg_metric_attn.experiments.human_seg_robust import split_meshes
 from pyg_metric_attn.experiments.run_folder import load_run
 from pyg_metric_attn.nn.models import DiffusionNet, MetricMeshFormer
 
@@ -70,15 +71,15 @@ def stage_features(task, model: torch.nn.Module, mesh) -> dict[str, torch.Tensor
     return stages
 
 
-def load(run: str, perturbations: list[str]) -> tuple:
-    """``(task, model, description, test meshes, {perturbation: copies})``
-    of a run."""
+def load(run: str, perturbations: list[str], split: str = 'test') -> tuple:
+    """``(task, model, description, meshes of split, {perturbation:
+    copies})`` of a run."""
     task, model, description = load_run(run, 'human_seg', {},
                                         command='mesh_feature_drift')
     if not isinstance(model, (MetricMeshFormer, DiffusionNet)):
         raise ValueError(f"'{run}' is not a MetricMeshFormer or DiffusionNet run")
     model.eval()
-    test = task.split_meshes('test')
+    test = split_meshes(task, split)
     root = Path(test.processed_root) / 'robustness'
     copies = {perturbation: PerturbedMeshes(
         root, test, perturbation, 0, pre_transform=task.preprocessing,

@@ -26,10 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.mesh_feature_drift import parse_arguments, stage_features
-from pyg_metric_attn.datasets import PerturbedMeshes
-from pyg_metric_attn.experiments.human_seg_robust import split_meshes
-from pyg_metric_attn.experiments.run_folder import load_run
+from benchmarks.mesh_feature_drift import load, parse_arguments, stage_features
 from pyg_metric_attn.nn.models import MetricMeshFormer
 from pyg_metric_attn.nn.spatial_gradient import vertex_gradients
 
@@ -55,17 +52,12 @@ def gradient_drift(run: str, split: str, perturbation: str) -> dict:
     """``{'blocks': [{'time', 'diffused', 'gradient'} per block: one value
     per channel], 'positions': mean relative change of |grad pos|}`` of
     one run under one perturbation that keeps the original vertices."""
-    task, model, description = load_run(run, 'human_seg', {},
-                                        command='mesh_gradient_drift')
+    task, model, description, meshes, copies = load(run, [perturbation], split)
     if not isinstance(model, MetricMeshFormer) or any(
             block.gradient_features is None for block in model.blocks):
         raise ValueError(f"'{run}' is not a MetricMeshFormer with gradient "
                          f"features")
-    model.eval()
-    meshes = split_meshes(task, split)
-    copies = PerturbedMeshes(Path(meshes.processed_root) / 'robustness', meshes,
-                             perturbation, 0, pre_transform=task.preprocessing,
-                             num_workers=task.config.num_workers, log=False)
+    copies = copies[perturbation]
     diffused: list[list[np.ndarray]] = [[] for _ in model.blocks]
     gradient: list[list[np.ndarray]] = [[] for _ in model.blocks]
     positions = []
