@@ -725,3 +725,15 @@ def test_synthetic_data_go_to_the_data_folder_and_are_named(tmp_path, monkeypatc
     monkeypatch.setenv('HOME', str(tmp_path / 'home'))
     assert HumanSegTask().synthetic_root == (tmp_path / 'home' / '.cache'
                                              / 'pyg-metric-attn' / 'synthetic_humans')
+
+
+def test_former_diffusion_time_floor_reaches_every_block():
+    model = MetricMeshFormer(5, 3, hidden_channels=16, heads=2, num_layers=2,
+                             diffusion=True, diffusion_time_floor=4e-3)
+    for block in model.blocks:
+        assert block.diffusion.time_floor == 4e-3
+        assert (block.diffusion.times >= 4e-3 + 1e-3 - 1e-9).all()
+    with pytest.raises(ValueError, match="it needs 'diffusion=True'"):
+        MetricMeshFormerConfig(diffusion_time_floor=4e-3)
+    with pytest.raises(ValueError, match="'time_floor' must be finite"):
+        MetricMeshFormer(5, 3, diffusion=True, diffusion_time_floor=float('nan'))

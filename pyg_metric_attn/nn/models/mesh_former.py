@@ -68,6 +68,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
         diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
         gradients (bool): Add the gradient features (needs ``diffusion``).
             (default: :obj:`False`)
+        diffusion_time_floor (float): The diffusion's ``time_floor`` (see
+            :class:`HeatDiffusion`). (default: :obj:`0.0`)
         normalization (str): The similarity normalisation of both attentions
             (``'row'``, ``'column'``, ``'sinkhorn'`` or ``'global'``: per
             mesh, see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
@@ -84,7 +86,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
                  global_attention: bool = True, metric: str = 'metric',
                  diffusion: bool = False, gradients: bool = False,
                  normalization: str = 'row', sinkhorn_iterations: int = 3,
-                 local_attention: bool = True):
+                 local_attention: bool = True,
+                 diffusion_time_floor: float = 0.0):
         super().__init__()
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
@@ -93,7 +96,8 @@ class MetricMeshFormerBlock(torch.nn.Module):
             raise ValueError("'gradients' takes the gradients of the diffused "
                              "features: it needs 'diffusion=True'")
         self.norm_diffusion = LayerNorm(channels) if diffusion else None
-        self.diffusion = HeatDiffusion(channels) if diffusion else None
+        self.diffusion = (HeatDiffusion(channels, time_floor=diffusion_time_floor)
+                          if diffusion else None)
         self.gradient_features = (SpatialGradientFeatures(channels)
                                   if gradients else None)
         self.lin_diffusion = (Linear((2 if gradients else 1) * channels, channels)
@@ -213,6 +217,9 @@ class MetricMeshFormerConfig:
         gradients (bool): Add spatial gradient features of the diffused
             channels (needs ``diffusion``); the forward pass then needs the
             meshes' ``grad_index`` and ``grad_weight``. (default: :obj:`False`)
+        diffusion_time_floor (float): The least time of every diffusion
+            channel, :math:`t_c = t_0 + e^{s_c}` (needs ``diffusion``; see
+            :class:`~pyg_metric_attn.nn.HeatDiffusion`). (default: :obj:`0.0`)
         normalization (str): The similarity normalisation of both attentions:
             ``'row'`` (softmax), ``'column'``, ``'sinkhorn'`` or ``'global'``
             (see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
@@ -233,6 +240,7 @@ class MetricMeshFormerConfig:
     normalization: Normalization = 'row'
     sinkhorn_iterations: int = 3
     local_attention: bool = True
+    diffusion_time_floor: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ('hidden_channels', 'num_layers', 'heads', 'global_stride'):
@@ -245,6 +253,9 @@ class MetricMeshFormerConfig:
                              f"be divisible by 'heads' ({self.heads})")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"'dropout' must be in [0, 1), got {self.dropout!r}")
+        if self.diffusion_time_floor and not self.diffusion:
+            raise ValueError("'diffusion_time_floor' bounds the times of the "
+                             "heat diffusion: it needs 'diffusion=True'")
         check_metric(self.metric)
         check_normalization(self.normalization, self.sinkhorn_iterations)
         if self.time_scale is not None:
@@ -284,7 +295,8 @@ class MetricMeshFormer(torch.nn.Module):
                                   config.metric, config.diffusion,
                                   config.gradients, config.normalization,
                                   config.sinkhorn_iterations,
-                                  config.local_attention)
+                                  config.local_attention,
+                                  config.diffusion_time_floor)
             for _ in range(config.num_layers)
         ])
         self.norm_out = LayerNorm(config.hidden_channels)
