@@ -77,7 +77,7 @@ def gradient_drift(run: str, split: str, perturbation: str) -> dict:
             gradient_magnitude(mesh.pos, mesh).reshape(-1, 1))[0]))
     print(description)
     return {'blocks': [
-        {'time': block.diffusion.log_time.detach().exp().tolist(),
+        {'time': block.diffusion.times.detach().tolist(),
          'diffused': np.mean(diffused[b], axis=0).tolist(),
          'gradient': np.mean(gradient[b], axis=0).tolist()}
         for b, block in enumerate(model.blocks)],

@@ -377,7 +377,8 @@ def test_gradient_drift_of_a_trained_former(tmp_path):
     options = [arg for key, value in dict(
         synthetic_root=tmp_path / 'synthetic', synthetic_train=1,
         synthetic_test=1, num_workers=1, k=16, batch_size=1,
-        former_hidden_channels=16, former_num_layers=1, former_heads=2).items()
+        former_hidden_channels=16, former_num_layers=1, former_heads=2,
+        former_diffusion_time_floor=0.01).items()
         for arg in ('-o', f'{key}={value}')]
     run = tmp_path / 'run'
     assert main(['train', '--attention', 'metricformer', '--epochs', '1',
@@ -385,6 +386,8 @@ def test_gradient_drift_of_a_trained_former(tmp_path):
     rotated = gradient_drift(str(run), 'test', 'rotation')
     (block,) = rotated['blocks']
     assert len(block['time']) == len(block['gradient']) == 16
+    # The channels' times are the diffusion's, its floor included.
+    assert min(block['time']) > 0.01
     assert max(block['diffused']) < 1e-4 and max(block['gradient']) < 1e-4
     subdivided = gradient_drift(str(run), 'test', 'subdivision')
     (block,) = subdivided['blocks']
