@@ -24,7 +24,8 @@ What runs, in this order (most important first, so that a run cut short by
    'fused') on uniform graphs of the sizes of Cora (2,708 nodes / 10,556
    edges), PubMed (19,717 / 88,648) and ogbn-arxiv (169,343 / 1,166,243),
    float32, eager and (at the first two sizes) under
-   ``torch.compile(mode='reduce-overhead')`` (variants ``*-compiled``:
+   ``torch.compile(mode='reduce-overhead', fullgraph=True)`` (variants
+   ``*-compiled``:
    forward + backward only, three warm-up steps for the compile and the
    CUDA graph's recording; each cell counts Inductor's fallbacks from CUDA
    graphs, and its job's stderr says why).
@@ -98,8 +99,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SPARSE_BASELINE = 'GATConv'
 SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv', 'metric-triton',
                    'metric-scatter', 'metric-fused')
-# '-compiled': torch.compile(mode='reduce-overhead') on a GPU (CUDA graphs),
-# backend 'aot_eager' on a CPU (the tiny suite checks the plumbing only).
+# '-compiled': torch.compile(mode='reduce-overhead', fullgraph=True) on a GPU
+# (CUDA graphs), backend 'aot_eager' on a CPU (the tiny suite checks the
+# plumbing only).
 COMPILED = '-compiled'
 SMALL_VARIANTS = ('GATConv', 'metric-triton', 'metric-fused')
 SMALL_COMPILED_VARIANTS = ('GATConv' + COMPILED, 'metric-triton' + COMPILED)
@@ -250,13 +252,17 @@ def is_compiled(case: dict[str, Any]) -> bool:
 
 def compiled_forward(layer: torch.nn.Module, x: torch.Tensor,
                      edge_index: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """``layer(x, edge_index)`` under ``torch.compile``: with
-    ``mode='reduce-overhead'`` (CUDA graphs) on a GPU, each call marked as
-    a new step; with the ``aot_eager`` backend on a CPU."""
+    """``layer(x, edge_index)`` under ``torch.compile(fullgraph=True)``:
+    with ``mode='reduce-overhead'`` (CUDA graphs) on a GPU, each call marked
+    as a new step; with the ``aot_eager`` backend on a CPU. ``fullgraph``:
+    without it Dynamo splits both GATConv (3 graphs) and MetricAttentionConv
+    (6) where they drop the self-loops (``nonzero``, a data-dependent size;
+    until 2026-11-27 the suite compiled them so); with it each is one
+    graph."""
     if x.device.type != 'cuda':
-        model = torch.compile(layer, backend='aot_eager')
+        model = torch.compile(layer, backend='aot_eager', fullgraph=True)
         return lambda: model(x, edge_index)
-    model = torch.compile(layer, mode='reduce-overhead')
+    model = torch.compile(layer, mode='reduce-overhead', fullgraph=True)
 
     def forward() -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()

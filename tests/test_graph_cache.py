@@ -10,6 +10,7 @@ import torch
 
 from pyg_metric_attn import MetricAttentionConv
 from pyg_metric_attn.nn import edge_attention
+from pyg_metric_attn.nn.triton import HAVE_TRITON
 from pyg_metric_attn.utils import graph_cache
 
 
@@ -117,6 +118,34 @@ def test_fullgraph_compile_traces_past_the_cache():
     torch.testing.assert_close(compiled(x, edge_index), expected)
     other, _ = graph(4)
     torch.testing.assert_close(compiled(x, other), conv(x, other))
+
+
+@pytest.mark.parametrize('backend', ['scatter', 'triton'])
+def test_compile_without_fullgraph_is_one_graph_when_loops_are_given(
+        backend, device):
+    """``torch.compile(conv)`` without ``fullgraph``, as most users write it:
+    with ``add_self_loops=False`` nothing in the layer has a data-dependent
+    size, so Dynamo traces it as one graph (with self-loops to drop it
+    splits the layer there, as it splits GATConv; README)."""
+    if backend == 'triton' and not HAVE_TRITON:
+        pytest.skip('triton is not installed')
+    edge_index, x = graph(6)
+    loops = torch.arange(12).repeat(2, 1)
+    edge_index = torch.cat([edge_index[:, edge_index[0] != edge_index[1]],
+                            loops], dim=1).to(device)
+    x = x.to(device)
+    conv = MetricAttentionConv(8, 4, heads=2, backend=backend,
+                               add_self_loops=False).to(device)
+    expected = conv(x, edge_index)
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, backend=counting_backend)
+    torch.testing.assert_close(compiled(x, edge_index), expected)
+    assert len(graphs) == 1
 
 
 def test_an_edge_index_is_cached_through_its_data(builds):
