@@ -647,8 +647,10 @@ def test_torch_compile_fullgraph():
 def test_repeated_step_never_syncs():
     """After the graph is prepared, a training step (dropout with a drawn
     seed, a learned time scale, edge bias, weights) reads nothing back to the
-    host: no ``.item()``, ``nonzero``, ``unique`` (inside the custom operators
-    included); it launches the forward kernels and the two backward passes."""
+    host: no ``.item()``, ``nonzero``, ``unique``; it launches the forward
+    kernels and the two backward passes. Eagerly the operators' code runs
+    without the dispatcher (less host time): no custom operator is
+    dispatched."""
     from benchmarks.op_count import HOST_READS, OpCounter
     gen = torch.Generator().manual_seed(17)
     rowptr, col = messy_csr(8, 6, gen, p=0.5)
@@ -666,8 +668,9 @@ def test_repeated_step_never_syncs():
     with OpCounter() as counter:
         step()
     assert not {op: counter.ops[op] for op in HOST_READS if counter.ops[op]}
-    assert counter.ops['triton_attention_backward'] == 1
-    assert counter.ops['segment_reduce'] == 1  # inside the backward operator
+    assert not counter.ops['triton_attention']
+    assert not counter.ops['triton_attention_backward']
+    assert counter.ops['segment_reduce'] == 1  # inside the backward
     assert counter.launches == {'finite_abs_max': 3, 'forward': 1, 'weights': 1,
                                 'backward_rows': 1, 'backward_columns': 1}
 

@@ -28,7 +28,8 @@ interpreter (``TRITON_INTERPRET=1`` set before the first call). Everything
 is compiled with long-standing Triton features only (checked for sm_90 with
 triton 3.6 and 3.9; the interpreter of triton 3.6 cannot run the kernels
 under numpy >= 2.4, that of 3.9 can). Under :func:`torch.compile` the call
-is one graph (``fullgraph=True``): the kernels run as two custom operators.
+is one graph (``fullgraph=True``): the kernels run as two custom operators
+(called without the dispatcher outside compilation, for less host time).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import torch
 from torch import Tensor
 
 from pyg_metric_attn.nn.pseudo_metric import check_metric
-from pyg_metric_attn.nn.triton.function import attention
+from pyg_metric_attn.nn.triton.function import run_attention
 from pyg_metric_attn.nn.triton.schedule import TritonGraph, prepare_triton_graph
 
 try:  # triton is an optional dependency: pip install pyg-metric-attn[gpu]
@@ -139,7 +140,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
                   torch.full((1,), int(seed) % (2**31 - 1), device=device,
                              dtype=torch.long))
     tensors = graph.tensors() if deterministic else graph.tensors()[:5]
-    out, stats, _, weights, ranges = attention(
+    out, stats, _, weights, ranges = run_attention(
         query.contiguous(), key.contiguous(), value.contiguous(), ts,
         None if edge_bias is None else edge_bias.contiguous(), seed_t, tensors,
         graph.chunk, metric, float(dropout_p), need_weights,
