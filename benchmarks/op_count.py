@@ -92,6 +92,21 @@ def _triton_kernel_tables() -> list[dict]:
     return [function.kernels(), KERNELS, exact.kernels()]
 
 
+def autograd_nodes(tensor: torch.Tensor) -> str:
+    """The class names of the autograd nodes behind ``tensor``,
+    space-separated (e.g. ``TritonAttentionBackward``: the package's kernels
+    ran eagerly, :mod:`pyg_metric_attn.nn.eager_operator`)."""
+    names, stack, seen = [], [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return ' '.join(names)
+
+
 def _custom_op_implementation(name: str):
     from pyg_metric_attn.nn.augmentation import function as augmentation
     from pyg_metric_attn.nn.triton import function

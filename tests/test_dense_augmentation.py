@@ -23,7 +23,7 @@ pytest.importorskip('triton', reason='triton is not installed (pip install '
 
 from conftest import compile_for_gpu  # noqa: E402
 
-from benchmarks.op_count import OpCounter  # noqa: E402
+from benchmarks.op_count import OpCounter, autograd_nodes  # noqa: E402
 from pyg_metric_attn import MetricMultiheadAttention  # noqa: E402
 from pyg_metric_attn.nn import augmentation  # noqa: E402
 from pyg_metric_attn.nn.augmentation import (  # noqa: E402
@@ -247,7 +247,8 @@ def attention_step(query, key, value, **kwargs):
 def test_dense_metric_attention_through_the_op_equals_the_torch_path(
         kwargs, monkeypatch):
     """A padding mask and a value width of D + 1 (63 + 1 = 64 in small):
-    through the op (which must run: counted) as through the torch ops."""
+    through the op's kernels (which must run: launches counted) as through
+    the torch ops."""
     query, key, attended = points(torch.float32)
     value = torch.randn(2, 3, 33, 6, device=DEVICE, requires_grad=True)
     mask = attended.transpose(-1, -2)  # [2, 1, 1, 33]
@@ -256,8 +257,8 @@ def test_dense_metric_attention_through_the_op_equals_the_torch_path(
     monkeypatch.setattr(augmentation, 'FUSED_DEVICES', (DEVICE,))
     with OpCounter() as counter:
         out = attention_step(query, key, value, attn_mask=mask, **kwargs)
-    assert counter.ops['augment_queries_and_keys'] == 1
-    assert counter.ops['augment_queries_and_keys_backward'] == 1
+    assert counter.launches['augment'] == 1
+    assert counter.launches['augment_backward'] == 1
     for o, e in zip(out, expected, strict=True):
         torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-4)
 
@@ -279,11 +280,28 @@ def test_the_exact_correction_through_the_op(monkeypatch):
     monkeypatch.setattr(augmentation, 'FUSED_DEVICES', (DEVICE,))
     with OpCounter() as counter:
         out = attention_step(query, key, value, attn_mask=mask)
-    assert counter.ops['augment_queries_and_keys'] == 1
-    assert counter.ops['exact_attention_where'] == 1
+    assert counter.launches['augment'] == 1
+    assert 'ExactAttentionWhereBackward' in autograd_nodes(out[0])
     for o, e in zip(out, expected, strict=True):
         assert o.isfinite().all()
         torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-4)
+
+
+def test_jit_trace_records_the_operator(fused):
+    """``torch.jit.trace`` records the augmentation as its custom operator
+    (eagerly the kernels are entered without it, which a trace cannot
+    follow), and the trace computes what the function does on new points."""
+    gen = torch.Generator().manual_seed(5)
+    query, key, value = (torch.randn(1, 2, 8, width, generator=gen).to(DEVICE)
+                         for width in (4, 4, 5))
+
+    def attend(query, key, value):
+        return dense_metric_attention(query, key, value, precision='fast')[0]
+    traced = torch.jit.trace(attend, (query, key, value), check_trace=False)
+    assert 'pyg_metric_attn::augment_queries_and_keys' in str(traced.graph)
+    other = 3 * torch.randn(1, 2, 8, 4, generator=gen).to(DEVICE)
+    torch.testing.assert_close(traced(other, key, value),
+                               attend(other, key, value))
 
 
 def test_a_repeated_step_runs_no_torch_augmentation(fused):
@@ -300,6 +318,9 @@ def test_a_repeated_step_runs_no_torch_augmentation(fused):
         attention_step(query, key, value, attn_mask=mask, precision='fast')
     assert dict(counter.launches) == {'augment_statistics': 1, 'augment': 1,
                                       'augment_backward': 1}
+    # Eagerly the kernels are entered without the custom operators' dispatch.
+    assert not counter.ops['augment_queries_and_keys']
+    assert not counter.ops['augment_queries_and_keys_backward']
     augmented = [t.detach().new_zeros(*t.shape[:-1], WIDTH).requires_grad_()
                  for t in (query, key)]
     with OpCounter() as sdpa:

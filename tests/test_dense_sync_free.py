@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from benchmarks.op_count import OpCounter
+from benchmarks.op_count import OpCounter, autograd_nodes
 from pyg_metric_attn import MetricMultiheadAttention
 from pyg_metric_attn.nn.functional import dense_metric_attention
 
@@ -28,7 +28,8 @@ def training_step(mha, x, padding):
 @pytest.mark.parametrize('precision', ['fast', 'checked'])
 def test_host_reads_on_a_repeated_step(metric, precision):
     """Forward and backward of a step, the second time round: no read with
-    either policy; with a learned time scale and padding."""
+    either policy but the exact CPU correction's look at its CPU flags;
+    with a learned time scale and padding."""
     torch.manual_seed(0)
     mha = MetricMultiheadAttention(16, 2, metric=metric, learn_time_scale=True,
                                    precision=precision)
@@ -38,10 +39,17 @@ def test_host_reads_on_a_repeated_step(metric, precision):
     training_step(mha, x, padding)
     with OpCounter() as counter:
         training_step(mha, x, padding)
-        training_step(mha, x, padding)
-    assert counter.ops['_local_scalar_dense'] + counter.ops['item'] == 0
-    expected = 2 if precision == 'checked' else 0
-    assert counter.ops['exact_attention_where'] == expected
+        out = training_step(mha, x, padding)
+    # 'checked' runs the exact correction (eagerly, not dispatched as the
+    # custom operator: pyg_metric_attn.nn.eager_operator), whose CPU
+    # implementation looks at its CPU flags, forward and backward (no device
+    # to wait for; on a GPU: test_no_synchronisation_on_cuda). Nothing else
+    # reads.
+    checked = precision == 'checked'
+    reads = counter.ops['_local_scalar_dense'] + counter.ops['item']
+    assert reads == (4 if checked else 0)
+    assert ('ExactAttentionWhereBackward' in autograd_nodes(out)) == checked
+    assert not counter.ops['exact_attention_where']
 
 
 @pytest.mark.parametrize('metric', METRICS)

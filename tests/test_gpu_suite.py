@@ -10,6 +10,7 @@ import torch
 
 from benchmarks import gpu_cases
 from benchmarks.graphs import power_law_edge_index
+from benchmarks.op_count import autograd_nodes
 from benchmarks.run import main as run_main
 
 
@@ -121,19 +122,6 @@ def test_power_law_graph_has_hubs_and_is_deterministic():
     assert int((in_degree == 0).sum()) > 0  # ... and leaves without edges
     assert torch.equal(edge_index, power_law_edge_index(
         2000, 40_000, torch.device('cpu')))
-
-
-def autograd_nodes(tensor: torch.Tensor) -> str:
-    """The names of the autograd nodes behind ``tensor``, space-separated."""
-    names, stack, seen = [], [tensor.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return ' '.join(names)
 
 
 def test_triton_variant_step_matches_the_scatter_variant(monkeypatch, device):

@@ -28,7 +28,9 @@ double backward.
 It is one custom operator, ``pyg_metric_attn::exact_attention_where``, with
 its backward ``pyg_metric_attn::exact_attention_where_backward``, fake
 implementations and :func:`torch.library.register_autograd`, so
-:func:`torch.compile` sees one graph (``fullgraph=True``). Implementations:
+:func:`torch.compile` sees one graph (``fullgraph=True``); outside
+compilation the same implementations run without the dispatcher
+(:mod:`~pyg_metric_attn.nn.eager_operator`). Implementations:
 
 * CPU tensors: a flag on the CPU is read without any device
   synchronisation, so the operator looks at the flags and computes the
@@ -47,6 +49,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pyg_metric_attn.nn.eager_operator import eager_autograd, operator_or_eager
 from pyg_metric_attn.nn.logits import attention_logits, logit_scale
 
 
@@ -77,9 +80,9 @@ def exact_attention_where(needs_exact: Tensor, query: Tensor, key: Tensor,
     batch = fused_out.shape[:-2]
     seed = (torch.randint(2**31 - 1, (), device=query.device)
             if dropout_p > 0 else None)  # drawn on the device: no sync
-    out, _ = exact_where(needs_exact.expand(batch), query, key, value,
-                         time_scale, attn_mask, seed, fused_out, metric,
-                         is_causal, float(dropout_p))
+    out, _ = run_exact_where(needs_exact.expand(batch), query, key, value,
+                             time_scale, attn_mask, seed, fused_out, metric,
+                             is_causal, float(dropout_p))
     return out
 
 
@@ -139,8 +142,8 @@ def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed,
 # ------------------------------------------------------- CPU implementation
 
 @exact_where.register_kernel('cpu')
-def _(needs_exact, query, key, value, time_scale, attn_mask, seed, fused_out,
-      metric, is_causal, dropout_p):
+def _cpu_forward(needs_exact, query, key, value, time_scale, attn_mask, seed,
+                 fused_out, metric, is_causal, dropout_p):
     out = fused_out.clone(memory_format=torch.contiguous_format)
     stats = fused_out.new_empty((*fused_out.shape[:-1], 2),
                                 dtype=torch.float64)
@@ -156,8 +159,8 @@ def _(needs_exact, query, key, value, time_scale, attn_mask, seed, fused_out,
 
 
 @exact_where_backward.register_kernel('cpu')
-def _(grad_out, needs_exact, query, key, value, time_scale, attn_mask, seed, stats,
-      metric, is_causal, dropout_p, need):
+def _cpu_backward(grad_out, needs_exact, query, key, value, time_scale, attn_mask,
+                  seed, stats, metric, is_causal, dropout_p, need):
     inputs = (query, key, value, time_scale, attn_mask)
     if not needs_exact.any():
         return tuple(x.new_zeros(x.shape) if wanted else query.new_empty(0)
@@ -271,20 +274,48 @@ def _setup_context(ctx, inputs, output):
     ctx.metric, ctx.is_causal, ctx.dropout_p = metric, is_causal, dropout_p
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    (needs_exact, query, key, value, time_scale, attn_mask, seed,
-     stats) = ctx.saved_tensors
-    flags = needs_exact.view(*needs_exact.shape, 1, 1)
-    grad_fused = torch.where(flags, 0, grad_out) if ctx.needs_input_grad[7] \
-        else None
-    need = [ctx.needs_input_grad[i] for i in (1, 2, 3, 4, 5)]
-    grads = exact_where_backward(grad_out.contiguous(), needs_exact, query, key,
-                                 value, time_scale, attn_mask, seed, stats,
-                                 ctx.metric, ctx.is_causal, ctx.dropout_p, need)
-    grads = [grad if wanted else None for grad, wanted in zip(grads, need,
-                                                              strict=True)]
-    return None, *grads, None, grad_fused, None, None, None
+def _backward_by(run_backward):
+    """The operator's backward, computed by ``run_backward`` (the backward
+    operator, or its implementation for the inputs' device)."""
+    def backward(ctx, grad_out, _grad_lse):
+        (needs_exact, query, key, value, time_scale, attn_mask, seed,
+         stats) = ctx.saved_tensors
+        flags = needs_exact.view(*needs_exact.shape, 1, 1)
+        grad_fused = (torch.where(flags, 0, grad_out)
+                      if ctx.needs_input_grad[7] else None)
+        need = [ctx.needs_input_grad[i] for i in (1, 2, 3, 4, 5)]
+        grads = run_backward(grad_out.contiguous(), needs_exact, query, key,
+                             value, time_scale, attn_mask, seed, stats,
+                             ctx.metric, ctx.is_causal, ctx.dropout_p, need)
+        grads = [grad if wanted else None
+                 for grad, wanted in zip(grads, need, strict=True)]
+        return None, *grads, None, grad_fused, None, None, None
+    return backward
 
 
 torch.library.register_autograd('pyg_metric_attn::exact_attention_where',
-                                _backward, setup_context=_setup_context)
+                                _backward_by(exact_where_backward),
+                                setup_context=_setup_context)
+
+
+def _forward_on_device(needs_exact: Tensor, *inputs) -> tuple[Tensor, Tensor]:
+    """The forward implementation the dispatcher would pick: the CPU one
+    for CPU tensors, the Triton one otherwise."""
+    run = _cpu_forward if needs_exact.device.type == 'cpu' else _triton_forward
+    return run(needs_exact, *inputs)
+
+
+def _backward_on_device(grad_out: Tensor, *inputs) -> tuple[Tensor, ...]:
+    """The backward implementation the dispatcher would pick."""
+    run = _cpu_backward if grad_out.device.type == 'cpu' else _triton_backward
+    return run(grad_out, *inputs)
+
+
+#: The operators' code outside :func:`torch.compile`, without the dispatcher
+#: (:mod:`~pyg_metric_attn.nn.eager_operator`).
+ExactAttentionWhere = eager_autograd('ExactAttentionWhere', _forward_on_device,
+                                     _setup_context,
+                                     _backward_by(_backward_on_device))
+#: ``pyg_metric_attn::exact_attention_where`` while compiling, else
+#: :class:`ExactAttentionWhere`.
+run_exact_where = operator_or_eager(exact_where, ExactAttentionWhere)

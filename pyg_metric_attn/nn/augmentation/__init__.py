@@ -43,7 +43,7 @@ import os
 import torch
 from torch import Tensor
 
-from pyg_metric_attn.nn.augmentation.function import augment
+from pyg_metric_attn.nn.augmentation.function import run_augment
 from pyg_metric_attn.nn.triton import HAVE_TRITON
 
 __all__ = ['augmented_queries_and_keys', 'runs_fused', 'FUSED_DEVICES']
@@ -84,8 +84,9 @@ def augmented_queries_and_keys(query: Tensor, key: Tensor,
     """
     _check(query, key, attended, width)
     leading = query.shape[:-2]
-    query_aug, key_aug = augment(_four_dimensional(query), _four_dimensional(key),
-                                 _mask_per_pair(attended, key), width)
+    query_aug, key_aug = run_augment(
+        _four_dimensional(query), _four_dimensional(key),
+        _mask_per_pair(attended, key), width)
     return (query_aug.view(*leading, *query_aug.shape[2:]),
             key_aug.view(*leading, *key_aug.shape[2:]))
 

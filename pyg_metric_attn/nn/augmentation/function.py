@@ -5,7 +5,9 @@ r"""The kernels as two custom operators with autograd, one graph to
 augmentation kernels, ``pyg_metric_attn::augment_queries_and_keys_backward``
 the backward kernel; :func:`torch.library.register_autograd` ties them. Both
 have fake implementations, so :func:`torch.compile` traces through them
-(``fullgraph=True``) and calls them as opaque operators. They take ``[B, H,
+(``fullgraph=True``) and calls them as opaque operators; outside
+compilation :func:`run_augment` runs the same code without the dispatcher
+(:mod:`~pyg_metric_attn.nn.eager_operator`). They take ``[B, H,
 L, D]`` points (any strides) and the attended keys as a boolean ``[B, H,
 L_k]`` (or :obj:`None`); :mod:`..augmentation` brings other shapes to these.
 
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from pyg_metric_attn.nn.eager_operator import eager_autograd, operator_or_eager
 
 #: Rows per tile; ``None``: 4096 elements per tile (at least 16 rows).
 BLOCK_L: int | None = None
@@ -166,15 +170,29 @@ def _setup_context(ctx, inputs, output):
     ctx.dim = query.size(-1)
 
 
-def _backward(ctx, grad_query_aug, grad_key_aug):
-    key_aug, attended = ctx.saved_tensors
-    need_query, need_key = ctx.needs_input_grad[:2]
-    grad_query, grad_key = augment_backward(
-        grad_query_aug, grad_key_aug, key_aug, attended, ctx.dim, need_query,
-        need_key)
-    return (grad_query if need_query else None, grad_key if need_key else None,
-            None, None)
+def _backward_by(run_backward):
+    """The operator's backward, computed by ``run_backward`` (the backward
+    operator, or its implementation)."""
+    def backward(ctx, grad_query_aug, grad_key_aug):
+        key_aug, attended = ctx.saved_tensors
+        need_query, need_key = ctx.needs_input_grad[:2]
+        grad_query, grad_key = run_backward(
+            grad_query_aug, grad_key_aug, key_aug, attended, ctx.dim,
+            need_query, need_key)
+        return (grad_query if need_query else None,
+                grad_key if need_key else None, None, None)
+    return backward
 
 
 torch.library.register_autograd('pyg_metric_attn::augment_queries_and_keys',
-                                _backward, setup_context=_setup_context)
+                                _backward_by(augment_backward),
+                                setup_context=_setup_context)
+
+#: The operators' code outside :func:`torch.compile`, without the dispatcher
+#: (:mod:`~pyg_metric_attn.nn.eager_operator`).
+AugmentQueriesAndKeys = eager_autograd('AugmentQueriesAndKeys', _forward,
+                                       _setup_context,
+                                       _backward_by(_backward_kernel))
+#: ``pyg_metric_attn::augment_queries_and_keys`` while compiling, else
+#: :class:`AugmentQueriesAndKeys`.
+run_augment = operator_or_eager(augment, AugmentQueriesAndKeys)

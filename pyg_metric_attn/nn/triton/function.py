@@ -5,7 +5,9 @@ r"""The kernels as two custom operators with autograd, one graph to
 ``pyg_metric_attn::triton_attention_backward`` the backward ones (recomputing
 from the saved row state); :func:`torch.library.register_autograd` ties them.
 Both have fake implementations, so :func:`torch.compile` traces through them
-(``fullgraph=True``) and calls them as opaque operators. The operators take
+(``fullgraph=True``) and calls them as opaque operators; outside compilation
+:func:`run_attention` runs the same code without the dispatcher
+(:mod:`~pyg_metric_attn.nn.eager_operator`). The operators take
 tensors and scalars only: the prepared graph travels as
 :meth:`TritonGraph.tensors() <.schedule.TritonGraph.tensors>`.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pyg_metric_attn.nn.eager_operator import eager_autograd, operator_or_eager
 from pyg_metric_attn.nn.triton.schedule import TritonGraph, scratch_slots
 
 #: Edges per inner iteration; ``None``: from the mean degree (module notes).
@@ -316,36 +319,15 @@ torch.library.register_autograd('pyg_metric_attn::triton_attention', _backward,
                                  setup_context=_setup_context)
 
 
-class TritonAttention(torch.autograd.Function):
-    """The two operators' implementations and autograd outside
-    :func:`torch.compile`, without the dispatcher.
-
-    Dispatching a :func:`torch.library.custom_op` runs a Python path
-    (argument defaults, pytree flattening, the autograd and backend
-    wrappers) that cost about 0.4 ms of host time per training step in a
-    probe on the CPU with the kernels stubbed out (2026-11-27: 1.04 against
-    0.64 ms per forward and backward of a 100-node layer), about a sixth of
-    the 2.3 ms step of a Cora-size layer on a GPU, where such a step is
-    bound by the host. Same arguments and outputs as
-    ``pyg_metric_attn::triton_attention``; no double backward.
-    """
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
-        return (*_gradients(ctx, dout, dweights, _backward_kernels), None, None,
-                None, None, None, None, None)
+def _eager_backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
+    return (*_gradients(ctx, dout, dweights, _backward_kernels), None, None,
+            None, None, None, None, None)
 
 
-def run_attention(*inputs) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``pyg_metric_attn::triton_attention(*inputs)``: the operator while
-    :func:`torch.compile` traces (one opaque node of its graph), else
-    :class:`TritonAttention`, the same computation for less host time."""
-    if torch.compiler.is_compiling():
-        return attention(*inputs)
-    return TritonAttention.apply(*inputs)
+#: The operators' code outside :func:`torch.compile`, without the dispatcher
+#: (:mod:`~pyg_metric_attn.nn.eager_operator`).
+TritonAttention = eager_autograd('TritonAttention', _forward, _setup_context,
+                                 _eager_backward)
+#: ``pyg_metric_attn::triton_attention`` while compiling, else
+#: :class:`TritonAttention`.
+run_attention = operator_or_eager(attention, TritonAttention)
