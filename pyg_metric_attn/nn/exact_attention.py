@@ -316,6 +316,6 @@ def _backward_on_device(grad_out: Tensor, *inputs) -> tuple[Tensor, ...]:
 ExactAttentionWhere = eager_autograd('ExactAttentionWhere', _forward_on_device,
                                      _setup_context,
                                      _backward_by(_backward_on_device))
-#: ``pyg_metric_attn::exact_attention_where`` while compiling, else
+#: ``pyg_metric_attn::exact_attention_where`` while compiling or tracing, else
 #: :class:`ExactAttentionWhere`.
 run_exact_where = operator_or_eager(exact_where, ExactAttentionWhere)

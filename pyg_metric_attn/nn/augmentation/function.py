@@ -193,6 +193,6 @@ torch.library.register_autograd('pyg_metric_attn::augment_queries_and_keys',
 AugmentQueriesAndKeys = eager_autograd('AugmentQueriesAndKeys', _forward,
                                        _setup_context,
                                        _backward_by(_backward_kernel))
-#: ``pyg_metric_attn::augment_queries_and_keys`` while compiling, else
+#: ``pyg_metric_attn::augment_queries_and_keys`` while compiling or tracing, else
 #: :class:`AugmentQueriesAndKeys`.
 run_augment = operator_or_eager(augment, AugmentQueriesAndKeys)

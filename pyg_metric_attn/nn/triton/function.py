@@ -328,6 +328,6 @@ def _eager_backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
 #: (:mod:`~pyg_metric_attn.nn.eager_operator`).
 TritonAttention = eager_autograd('TritonAttention', _forward, _setup_context,
                                  _eager_backward)
-#: ``pyg_metric_attn::triton_attention`` while compiling, else
+#: ``pyg_metric_attn::triton_attention`` while compiling or tracing, else
 #: :class:`TritonAttention`.
 run_attention = operator_or_eager(attention, TritonAttention)
