@@ -3,8 +3,9 @@
 #
 #   bash benchmarks/gpu_session.sh lease      # a 15-minute lease: the CUDA
 #                                             # tests, compute-sanitizer, the
-#                                             # host profiles, two human_seg
-#                                             # epochs and the targets'
+#                                             # host profiles (and with
+#                                             # HUMAN_SEG_S two human_seg
+#                                             # epochs) and the targets'
 #                                             # benchmarks in LEASE_S seconds
 #                                             # (default 420)
 #   bash benchmarks/gpu_session.sh tests      # environment + the whole suite
@@ -142,10 +143,11 @@ lease)
     # tests (TESTS_S, default 150 s, at most), the Triton layer on every
     # input format under compute-sanitizer's memcheck (60 s at most), where
     # the time of a Cora-size layer step and of the dense module goes
-    # (benchmarks/host_profile.py, 40 s each at most), two epochs of
-    # human_seg (HUMAN_SEG_S, default 150 s, at most), then the issues'
-    # benchmark targets until LEASE_S. A second call (`bench`) on the warm
-    # machine resumes the benchmarks.
+    # (benchmarks/host_profile.py, 40 s each at most; host_dispatch.py),
+    # with HUMAN_SEG_S > 0 two epochs of human_seg in at most that many
+    # seconds (default 0: read once, 2026-11-27, 5.0 s per epoch on an
+    # H200), then the issues' benchmark targets until LEASE_S. A second call
+    # (`bench`) on the warm machine resumes the benchmarks.
     lease_s=${LEASE_S:-420}
     environment > "$OUT/env.txt" 2>&1
     device_tests "${TESTS_S:-150}" "$OUT/tests-cuda.log"
@@ -169,10 +171,10 @@ lease)
     # stubbed): through the custom operators against the eager default.
     timeout -s INT -k 5 40 $PY -m benchmarks.host_dispatch --device "$DEVICE" \
         --nodes 2708 --edges 10556 >> "$OUT/profile.log" 2>&1
-    # Two epochs of the mesh job on the GPU (never run on one so far), in
-    # HUMAN_SEG_S seconds (default 150) or what the lease has left.
+    # Two epochs of the mesh job on the GPU, in HUMAN_SEG_S seconds (default
+    # 0: skipped) or what the lease has left.
     left=$((lease_s - SECONDS - 30))
-    seconds=$((left < ${HUMAN_SEG_S:-150} ? left : ${HUMAN_SEG_S:-150}))
+    seconds=$((left < ${HUMAN_SEG_S:-0} ? left : ${HUMAN_SEG_S:-0}))
     [ "$seconds" -ge 60 ] && human_seg "$seconds" -o num_workers=8 > /dev/null
     bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
         100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
