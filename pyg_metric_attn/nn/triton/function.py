@@ -320,6 +320,7 @@ torch.library.register_autograd('pyg_metric_attn::triton_attention', _backward,
 
 
 def _eager_backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
+    # As _backward, but a Function's list input (the graph) takes one None.
     return (*_gradients(ctx, dout, dweights, _backward_kernels), None, None,
             None, None, None, None, None)
 
