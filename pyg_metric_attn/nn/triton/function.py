@@ -287,7 +287,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(query, key, value, time_scale, edge_bias, seed, out, stats,
                           mean, weights, ranges, *graph)
     ctx.chunk, ctx.metric, ctx.dropout_p = chunk, metric, dropout_p
-    ctx.need_weights = need_weights
+    ctx.need_weights, ctx.graph_tensors = need_weights, len(graph)
 
 
 def _gradients(ctx, dout: Tensor | None, dweights: Tensor | None,
@@ -310,9 +310,8 @@ def _gradients(ctx, dout: Tensor | None, dweights: Tensor | None,
 
 
 def _backward(ctx, dout, _dstats, _dmean, dweights, _dranges):
-    graph_tensors = len(ctx.saved_tensors) - 11  # (after the call's 11)
     return (*_gradients(ctx, dout, dweights, attention_backward), None,
-            [None] * graph_tensors, None, None, None, None, None)
+            [None] * ctx.graph_tensors, None, None, None, None, None)
 
 
 torch.library.register_autograd('pyg_metric_attn::triton_attention', _backward,
