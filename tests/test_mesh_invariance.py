@@ -16,7 +16,12 @@ from pyg_metric_attn.experiments.attention import ATTENTIONS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.geometry import renumber_mesh
 from pyg_metric_attn.training.segmentation import face_logits
-from pyg_metric_attn.utils.point_sets import farthest_point_sampling
+from pyg_metric_attn.utils.point_sets import (
+    UNRANKED,
+    farthest_point_keys,
+    farthest_point_ranks,
+    farthest_point_sampling,
+)
 
 K = 32  # eigenpairs: enough for the diffusion, cheap to compute
 
@@ -114,3 +119,45 @@ def test_farthest_point_sampling_ignores_order_even_on_ties():
         order = torch.randperm(len(pos), generator=torch.Generator().manual_seed(seed))
         again = pos[order][farthest_point_sampling(pos[order], stride=5)]
         assert sorted(map(tuple, again.tolist())) == sorted(map(tuple, chosen.tolist()))
+
+
+def test_farthest_point_ranks_hold_the_samples_of_every_stride():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        sizes = torch.randint(1, 40, (1 + trial % 3,), generator=generator)
+        batch = torch.arange(len(sizes)).repeat_interleave(sizes)
+        if trial % 2:  # points on a small grid: many coincide
+            pos = torch.randint(0, 3, (len(batch), 3), generator=generator).float()
+        else:
+            pos = torch.randn(len(batch), 3, generator=generator)
+        ranks = farthest_point_ranks(pos, batch)
+        for stride in (1, 2, 3, 8):
+            assert torch.equal(farthest_point_keys(ranks, batch, stride),
+                               farthest_point_sampling(pos, batch, stride))
+        # Empty sets between them: set indices beyond the point count.
+        sparse = 1000 * batch + 5
+        assert torch.equal(farthest_point_keys(ranks, sparse, 3),
+                           farthest_point_sampling(pos, batch, 3))
+        for points, set_ranks in zip(pos.split(sizes.tolist()),
+                                     ranks.split(sizes.tolist()), strict=True):
+            # Distinct positions get the steps 0, 1, ...; a point that
+            # coincides with a ranked one gets none.
+            distinct = len(torch.unique(points, dim=0))
+            assert sorted(set_ranks[set_ranks != UNRANKED].tolist()) == list(
+                range(distinct))
+    # One set: the first points on the line of the test above, in order.
+    x = torch.arange(10.0)
+    ranks = farthest_point_ranks(torch.stack([x, 0 * x, 0 * x], dim=1))
+    assert ranks[[0, 9, 4, 2]].tolist() == [0, 1, 2, 3]
+
+
+def test_farthest_point_keys_checks_its_inputs():
+    ranks = farthest_point_ranks(torch.randn(5, 3))
+    with pytest.raises(ValueError, match=r"'ranks' must be an int64 vector "
+                       r"\[N\], got torch.float32 of shape \[5\]"):
+        farthest_point_keys(ranks.float(), stride=2)
+    with pytest.raises(ValueError, match="'stride' must be a positive integer, "
+                       "got 0"):
+        farthest_point_keys(ranks, stride=0)
+    with pytest.raises(ValueError, match="'stride' must be a positive integer"):
+        farthest_point_sampling(torch.randn(5, 3), stride=2.5)

@@ -98,7 +98,9 @@ def farthest_point_sampling(pos: Tensor, batch: Tensor | None = None,
     The choice depends on the positions only, never on the order of the
     points: ties (equal distances) go to the lexicographically smallest
     position, and every reduction runs over the points in that order, so a
-    renumbered set gives the same points.
+    renumbered set gives the same points. It is
+    :func:`farthest_point_keys` of :func:`farthest_point_ranks`, with only
+    the steps the stride needs taken.
 
     Args:
         pos (torch.Tensor): Positions ``[N, D]``.
@@ -107,8 +109,73 @@ def farthest_point_sampling(pos: Tensor, batch: Tensor | None = None,
         stride (int): One point chosen per ``stride`` points. (default:
             :obj:`1`: all)
     """
-    if stride < 1:
-        raise ValueError(f"'stride' must be positive, got {stride}")
+    check_stride(stride)
+    return _greedy_ranks(pos, batch, stride) < UNRANKED
+
+
+def farthest_point_ranks(pos: Tensor, batch: Tensor | None = None) -> Tensor:
+    r"""The step ``[N]`` (int64) at which farthest point sampling picks each
+    point of its set: :math:`0` for the point farthest from the set's
+    centroid, :math:`1` for the point farthest from it, and so on, as
+    :func:`farthest_point_sampling` picks them. A point that coincides with
+    an earlier one is never farther than :math:`0` from those picked and
+    gets no step: its rank is :data:`UNRANKED`.
+
+    The greedy order does not depend on how many points are taken, so the
+    ranks hold the samples of every stride
+    (:func:`farthest_point_keys`): a mesh's ranks can be computed once,
+    with its other operators, instead of in every forward pass.
+
+    Args:
+        pos (torch.Tensor): Positions ``[N, D]``.
+        batch (torch.Tensor, optional): Sorted set assignment of each point;
+            :obj:`None` means one set.
+    """
+    return _greedy_ranks(pos, batch, 1)
+
+
+def farthest_point_keys(ranks: Tensor, batch: Tensor | None = None,
+                        stride: int = 1) -> Tensor:
+    r"""The mask of :func:`farthest_point_sampling` with ``stride``, from the
+    sets' :func:`farthest_point_ranks`: the points ranked below
+    :math:`\lceil n / \text{stride} \rceil` in their set of :math:`n`
+    points. No value is read back to the host.
+
+    Args:
+        ranks (torch.Tensor): :func:`farthest_point_ranks` ``[N]``.
+        batch (torch.Tensor, optional): Sorted set assignment of each point;
+            :obj:`None` means one set.
+        stride (int): One point chosen per ``stride`` points. (default:
+            :obj:`1`: all)
+    """
+    check_stride(stride)
+    if ranks.dim() != 1 or ranks.dtype != torch.long:
+        raise ValueError(f"'ranks' must be an int64 vector [N], got "
+                         f"{ranks.dtype} of shape {list(ranks.shape)}")
+    if batch is None:
+        sizes = torch.full_like(ranks, ranks.numel())
+    else:
+        check_batch_vector(batch, ranks.numel())
+        # Each point's set size from the sorted set indices: no bound read
+        # back, and no index out of range whatever their values.
+        sizes = (torch.searchsorted(batch, batch, right=True)
+                 - torch.searchsorted(batch, batch))
+    return ranks < (sizes + stride - 1) // stride
+
+
+#: The rank of a point that farthest point sampling does not pick.
+UNRANKED = torch.iinfo(torch.long).max
+
+
+def check_stride(stride: int) -> None:
+    """Raise unless ``stride`` is a positive integer."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"'stride' must be a positive integer, got {stride!r}")
+
+
+def _greedy_ranks(pos: Tensor, batch: Tensor | None, stride: int) -> Tensor:
+    r"""The first :math:`\lceil n / \text{stride} \rceil` steps of farthest
+    point sampling in every set; points not picked get :data:`UNRANKED`."""
     if batch is None:
         batch = torch.zeros(pos.size(0), dtype=torch.long, device=pos.device)
     order = torch.arange(pos.size(0), device=pos.device)
@@ -116,17 +183,21 @@ def farthest_point_sampling(pos: Tensor, batch: Tensor | None = None,
         order = order[torch.sort(key[order], stable=True).indices]
     dense, mask = to_dense_batch(pos[order], batch[order])  # [B, L, D]
     counts = (mask.sum(1) + stride - 1) // stride
-    rows = torch.arange(dense.size(0), device=pos.device)
     centroid = dense.sum(1, keepdim=True) / mask.sum(1)[:, None, None]
     distance = (dense - centroid).square().sum(-1).masked_fill(~mask, -1.0)
-    chosen = torch.zeros_like(mask)
+    ranks = torch.full(mask.shape, UNRANKED, dtype=torch.long,
+                       device=pos.device)
     nearest = torch.full_like(distance, torch.inf).masked_fill(~mask, -1.0)
-    for step in range(int(counts.max())):
-        current = distance.argmax(1)  # the first maximum: smallest position
-        chosen[rows, current] |= step < counts
-        nearest = torch.minimum(nearest, (dense - dense[rows, current, None])
-                                .square().sum(-1))
+    steps = torch.arange(int(counts.max()), device=pos.device)[:, None]
+    steps = torch.where(steps < counts, steps, UNRANKED)  # [steps, B]
+    for step in steps[:, :, None]:
+        # The first maximum: the smallest position. A point picked again
+        # (all left coincide with picked ones) keeps its first step.
+        current = distance.argmax(1, keepdim=True)  # [B, 1]
+        ranks.scatter_reduce_(1, current, step, 'amin')
+        picked = dense.take_along_dim(current[:, :, None], dim=1)  # [B, 1, D]
+        nearest = torch.minimum(nearest, (dense - picked).square().sum(-1))
         distance = nearest
-    out = torch.zeros_like(batch, dtype=torch.bool)
-    out[order] = chosen[mask]
+    out = torch.empty_like(batch)
+    out[order] = ranks[mask]
     return out
