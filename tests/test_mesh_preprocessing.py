@@ -16,6 +16,7 @@ from pyg_metric_attn.datasets import MeshFolder, mesh_data
 from pyg_metric_attn.datasets.mesh_io import read_labels, read_mesh
 from pyg_metric_attn.geometry import MeshError, heat_kernel_signature
 from pyg_metric_attn.transforms import MeshPreprocessing
+from pyg_metric_attn.utils.point_sets import farthest_point_ranks
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -87,6 +88,26 @@ def test_settings_choose_the_fields_and_shapes():
     data = raw_data(pos, face)
     MeshPreprocessing(16, 4)(data)
     assert data.pos.dtype == torch.float64 and 'hks' not in data
+
+
+def test_farthest_point_ranks_are_kept_with_the_operators(tmp_path):
+    pos, face = bumpy_sphere()
+    preprocess = MeshPreprocessing(16, 4, farthest_point_ranks=True,
+                                   cache_dir=tmp_path)
+    data = preprocess(raw_data(pos, face))
+    # Of the positions the models see, so a former given them attends to
+    # the vertices it would sample from 'pos'.
+    assert torch.equal(data.farthest_point_rank, farthest_point_ranks(data.pos))
+    assert preprocess.tag == 'v2_k16_hks4_auto_fps'
+    assert MeshPreprocessing(16, 4, smoothing=2,
+                             farthest_point_ranks=True).tag.endswith('_taubin2_fps')
+    assert 'farthest_point_ranks' not in MeshPreprocessing(16, 4).settings
+    # From the cache the same.
+    again = preprocess(raw_data(pos, face))
+    assert torch.equal(again.farthest_point_rank, data.farthest_point_rank)
+    plain = MeshPreprocessing(16, 4)(raw_data(pos, face))
+    assert 'farthest_point_rank' not in plain
+    assert torch.equal(plain.hks, data.hks)
 
 
 def test_meshes_with_fewer_vertices_than_eigenpairs_collate_with_others():

@@ -30,6 +30,7 @@ from pyg_metric_attn.transforms import (
     scale_to_area,
 )
 from pyg_metric_attn.utils.io import load_verified
+from pyg_metric_attn.utils.point_sets import farthest_point_ranks
 from pyg_metric_attn.visualization import (
     MARK_COLOR,
     label_colors,
@@ -121,6 +122,62 @@ def test_global_attention_attends_to_the_marked_vertices():
     with pytest.raises(ValueError, match="pass 'pos'"):
         model(torch.randn(sum(sizes), 5), torch.empty(2, 0, dtype=torch.long),
               batch)
+
+
+def test_former_takes_its_global_keys_from_the_farthest_point_ranks(
+        monkeypatch):
+    torch.manual_seed(0)
+    model = MetricMeshFormer(5, 3, hidden_channels=16, num_layers=2, heads=2,
+                             global_stride=3, dropout=0.0).eval()
+    sizes = [7, 11]
+    pos, x = torch.randn(sum(sizes), 3), torch.randn(sum(sizes), 5)
+    batch = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
+    edges = torch.empty(2, 0, dtype=torch.long)
+    ranks = farthest_point_ranks(pos, batch)
+    sampled = model(x, edges, batch, pos=pos)
+    import pyg_metric_attn.nn.models.mesh_former as mesh_former
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError('the keys were sampled in the forward pass')
+    monkeypatch.setattr(mesh_former, 'farthest_point_sampling', no_sampling)
+    # The same vertices, so the same outputs to the bit; the ranks are read
+    # where the positions are given too.
+    assert torch.equal(model(x, edges, batch, farthest_point_rank=ranks), sampled)
+    assert torch.equal(model(x, edges, batch, pos=pos, farthest_point_rank=ranks),
+                       sampled)
+    # Other ranks, other keys.
+    assert not torch.equal(model(x, edges, batch, farthest_point_rank=ranks.flip(0)),
+                           sampled)
+    with pytest.raises(ValueError, match=r"'farthest_point_rank' must have "
+                       r"shape \[18\] \(one per vertex\), got \[17\]"):
+        model(x, edges, batch, farthest_point_rank=ranks[1:])
+
+
+def test_human_seg_meshes_carry_the_ranks_and_no_step_samples_keys(
+        synthetic_root, monkeypatch):
+    task = HumanSegTask(progress=False, synthetic_root=str(synthetic_root), **SMALL)
+    assert task.preprocessing.farthest_point_ranks  # the former's stride 8
+    train, _ = task.datasets()
+    batch = Batch.from_data_list([train[0], train[1]])
+    assert torch.equal(batch.farthest_point_rank,
+                       farthest_point_ranks(batch.pos, batch.batch))
+    torch.manual_seed(0)
+    model = task.build_model('metricformer').eval()
+    with torch.no_grad():
+        sampled = model(batch.x, batch.edge_index, batch.batch, pos=batch.pos,
+                        evecs=batch.evecs, evals=batch.evals, mass=batch.mass,
+                        grad_index=batch.grad_index,
+                        grad_weight=batch.grad_weight)
+    import pyg_metric_attn.nn.models.mesh_former as mesh_former
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError('the keys were sampled in the forward pass')
+    monkeypatch.setattr(mesh_former, 'farthest_point_sampling', no_sampling)
+    with torch.no_grad():
+        assert torch.equal(task.forward(model, batch), sampled)
+    # A former without a stride has its meshes prepared without ranks.
+    assert not HumanSegTask(progress=False, former_global_stride=1,
+                            **SMALL).preprocessing.farthest_point_ranks
 
 
 def test_former_without_local_attention_does_not_read_the_mesh_edges():

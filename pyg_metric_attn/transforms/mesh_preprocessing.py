@@ -24,6 +24,7 @@ from pyg_metric_attn.geometry.spectral import (
     eigendecomposition,
     heat_kernel_signature,
 )
+from pyg_metric_attn.utils import point_sets
 from pyg_metric_attn.utils.optional import needs_extra
 
 with needs_extra('mesh'):
@@ -50,7 +51,13 @@ class MeshPreprocessing(BaseTransform):
     * with ``gradients``: the tangent gradient operators as ``grad_index``
       ``[2, nnz]`` and ``grad_weight`` ``[nnz, 2]`` (for
       :class:`~pyg_metric_attn.nn.spatial_gradient.TangentGradient` and
-      :class:`~pyg_metric_attn.nn.SpatialGradientFeatures`).
+      :class:`~pyg_metric_attn.nn.SpatialGradientFeatures`);
+    * with ``farthest_point_ranks``: ``farthest_point_rank`` ``[V]``, the
+      step at which farthest point sampling of ``pos`` picks each vertex
+      (:func:`~pyg_metric_attn.utils.point_sets.farthest_point_ranks`),
+      from which :class:`~pyg_metric_attn.nn.models.MetricMeshFormer` takes
+      the keys of its global step at any ``global_stride`` instead of
+      sampling them in every forward pass.
 
     With ``smoothing = s > 0`` every operator is computed from the positions
     after ``s`` rounds of :func:`~pyg_metric_attn.geometry.taubin_smoothing`
@@ -88,10 +95,13 @@ class MeshPreprocessing(BaseTransform):
             (default: :obj:`'auto'`)
         smoothing (int): Taubin smoothing rounds before the operators.
             (default: :obj:`0`)
+        farthest_point_ranks (bool): Keep the farthest-point ranks of the
+            vertices. (default: :obj:`False`)
         cache_dir (str or Path, optional): A content-keyed cache of the
             operators (:class:`~pyg_metric_attn.geometry.OperatorCache`): an
             entry holds ``hks``, ``mass`` and, where kept, ``evals``,
-            ``evecs``, ``grad_index``, ``grad_weight``, under the SHA-256 of
+            ``evecs``, ``grad_index``, ``grad_weight``,
+            ``farthest_point_rank``, under the SHA-256 of
             the normalised positions, the faces, these settings and
             :attr:`version`; it is written atomically and verified on load.
             It does not change the output, so the ``repr`` leaves it out.
@@ -104,7 +114,8 @@ class MeshPreprocessing(BaseTransform):
 
     def __init__(self, k: int = 128, hks_count: int = 16, spectral_basis: int = 0,
                  gradients: bool = False, laplacian: str = 'auto',
-                 cache_dir: str | Path | None = None, smoothing: int = 0):
+                 cache_dir: str | Path | None = None, smoothing: int = 0,
+                 farthest_point_ranks: bool = False):
         if k < 1 or hks_count < 1:
             raise ValueError(f"'k' and 'hks_count' must be positive, got {k} and "
                              f"{hks_count}")
@@ -120,31 +131,36 @@ class MeshPreprocessing(BaseTransform):
         self.gradients = gradients
         self.laplacian = laplacian
         self.smoothing = smoothing_rounds(smoothing, 'smoothing')
+        self.farthest_point_ranks = farthest_point_ranks
         self.cache = OperatorCache(cache_dir)
 
     @property
     def settings(self) -> dict[str, Any]:
-        """The settings that determine the output (``smoothing`` where
-        set, so that the keys and names of unsmoothed operators stay as they
-        were)."""
+        """The settings that determine the output (``smoothing`` and
+        ``farthest_point_ranks`` where set, so that the keys and names of
+        the operators without them stay as they were)."""
         settings = dict(k=self.k, hks_count=self.hks_count,
                         spectral_basis=self.spectral_basis,
                         gradients=self.gradients, laplacian=self.laplacian)
         if self.smoothing:
             settings['smoothing'] = self.smoothing
+        if self.farthest_point_ranks:
+            settings['farthest_point_ranks'] = True
         return settings
 
     @property
     def tag(self) -> str:
         """The settings and :attr:`version` in a name for files and folders,
         e.g. ``v2_k128_hks16_auto_basis128_grad`` (``_taubin2`` after it with
-        ``smoothing=2``)."""
+        ``smoothing=2``, then ``_fps`` with ``farthest_point_ranks``)."""
         tag = f'v{self.version}_k{self.k}_hks{self.hks_count}_{self.laplacian}'
         if self.spectral_basis:
             tag += f'_basis{self.spectral_basis}'
         if self.gradients:
             tag += '_grad'
-        return f'{tag}_taubin{self.smoothing}' if self.smoothing else tag
+        if self.smoothing:
+            tag += f'_taubin{self.smoothing}'
+        return f'{tag}_fps' if self.farthest_point_ranks else tag
 
     def forward(self, data: Data) -> Data:
         name = str(data.name) if 'name' in data else 'mesh'
@@ -168,9 +184,9 @@ class MeshPreprocessing(BaseTransform):
     def operators(self, pos: np.ndarray, face: np.ndarray,
                   name: str = 'mesh') -> dict[str, Tensor]:
         """``hks``, ``mass`` and, where kept, ``evals``, ``evecs``,
-        ``grad_index``, ``grad_weight`` of a mesh ``(pos [V, 3] float64,
-        face [F, 3] int64)`` whose positions are normalised, from the cache
-        where it holds them."""
+        ``grad_index``, ``grad_weight``, ``farthest_point_rank`` of a mesh
+        ``(pos [V, 3] float64, face [F, 3] int64)`` whose positions are
+        normalised, from the cache where it holds them."""
         key = operator_cache_key(pos, face, {'version': self.version,
                                              **self.settings})
         entry = self.cache.load(key)
@@ -182,6 +198,10 @@ class MeshPreprocessing(BaseTransform):
 
     def _compute(self, pos: np.ndarray, face: np.ndarray,
                  name: str) -> dict[str, Tensor]:
+        out = {}
+        if self.farthest_point_ranks:  # of the float32 positions, unsmoothed
+            out['farthest_point_rank'] = point_sets.farthest_point_ranks(
+                torch.from_numpy(pos).float())
         pos = taubin_smoothing(pos, face, self.smoothing)
         L, mass, _ = laplacian(pos, face, self.laplacian)
         evals, evecs = eigendecomposition(L, mass, self.k, name)
@@ -190,8 +210,8 @@ class MeshPreprocessing(BaseTransform):
             evals = np.concatenate([evals, np.full(missing, evals[-1])])
             evecs = np.pad(evecs, ((0, 0), (0, missing)))
         hks = heat_kernel_signature(evals, evecs, self.hks_count)
-        out = {'hks': torch.from_numpy(hks).float(),
-               'mass': torch.from_numpy(mass).float()}
+        out['hks'] = torch.from_numpy(hks).float()
+        out['mass'] = torch.from_numpy(mass).float()
         if self.spectral_basis:
             basis = self.spectral_basis
             out['evals'] = torch.from_numpy(evals[None, :basis]).float()  # [1, m]

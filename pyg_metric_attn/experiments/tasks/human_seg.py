@@ -258,10 +258,13 @@ class HumanSegTask(Task):
         self.curve_metrics = ('train_loss', self.final_metric)
         #: Every mesh's preprocessing: the data sets' pre_transform and
         #: prepare_mesh's. No operator cache: the processed files hold them.
-        self.preprocessing = MeshPreprocessing(c.k, c.hks_count,
-                                               self.spectral_basis,
-                                               self.gradients,
-                                               smoothing=c.mesh_smoothing)
+        #: The farthest-point ranks spare the former's global step a
+        #: sampling loop in every forward pass.
+        self.preprocessing = MeshPreprocessing(
+            c.k, c.hks_count, self.spectral_basis, self.gradients,
+            smoothing=c.mesh_smoothing,
+            farthest_point_ranks=(c.former.global_attention
+                                  and c.former.global_stride > 1))
         self._data = None
 
     @classmethod
@@ -433,6 +436,8 @@ class HumanSegTask(Task):
         if isinstance(unwrap(model), MetricMeshFormer):
             keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
             keys += ('grad_index', 'grad_weight') if self.gradients else ()
+            keys += (('farthest_point_rank',)
+                     if 'farthest_point_rank' in batch else ())
             return model(x, batch.edge_index, batch.batch, pos=batch.pos,
                          **{key: batch[key] for key in keys})
         return model(x, batch.edge_index)

@@ -24,7 +24,10 @@ from pyg_metric_attn.nn.spatial_gradient import (
     TangentGradient,
 )
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
-from pyg_metric_attn.utils.point_sets import farthest_point_sampling
+from pyg_metric_attn.utils.point_sets import (
+    farthest_point_keys,
+    farthest_point_sampling,
+)
 
 
 class MetricMeshFormerBlock(torch.nn.Module):
@@ -208,7 +211,10 @@ class MetricMeshFormerConfig:
             ``global_stride`` vertices of each mesh, chosen by
             :func:`~pyg_metric_attn.utils.point_sets.farthest_point_sampling`
             of the positions (so the choice does not depend on the vertex
-            numbering); :meth:`MetricMeshFormer.forward` then needs ``pos``.
+            numbering); :meth:`MetricMeshFormer.forward` then needs ``pos``,
+            or the meshes' ``farthest_point_rank`` (from
+            :class:`~pyg_metric_attn.transforms.MeshPreprocessing`), which
+            gives the same vertices without sampling them in every pass.
             (default: :obj:`1`: all vertices)
         diffusion (bool): Start every block with a learned-time
             :class:`~pyg_metric_attn.nn.HeatDiffusion`; the forward pass then
@@ -309,9 +315,12 @@ class MetricMeshFormer(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Adj, batch: OptTensor = None,
                 evecs: OptTensor = None, evals: OptTensor = None,
                 mass: OptTensor = None, grad_index: OptTensor = None,
-                grad_weight: OptTensor = None, pos: OptTensor = None) -> Tensor:
-        """``pos``: vertex positions ``[N, 3]``, needed with
-        ``global_stride > 1``."""
+                grad_weight: OptTensor = None, pos: OptTensor = None,
+                farthest_point_rank: OptTensor = None) -> Tensor:
+        """``pos``: vertex positions ``[N, 3]``, or ``farthest_point_rank``:
+        their :func:`~pyg_metric_attn.utils.point_sets.farthest_point_ranks`
+        ``[N]`` (int64) in each mesh, needed with ``global_stride > 1``
+        (the ranks are read where both are given)."""
         spectrum = None  # prepared once, shared by every block's diffusion
         if evecs is not None and evals is not None and mass is not None:
             spectrum = MeshSpectrum.from_batch(evecs, evals, mass, batch)
@@ -321,11 +330,20 @@ class MetricMeshFormer(torch.nn.Module):
                                                   x.size(0))
         global_keys = None  # sampled once, shared by every block
         if self.global_stride > 1:
-            if pos is None:
+            if farthest_point_rank is not None:
+                if farthest_point_rank.shape != (x.size(0),):
+                    raise ValueError(f"'farthest_point_rank' must have shape "
+                                     f"[{x.size(0)}] (one per vertex), got "
+                                     f"{list(farthest_point_rank.shape)}")
+                global_keys = farthest_point_keys(farthest_point_rank, batch,
+                                                  self.global_stride)
+            elif pos is None:
                 raise ValueError(f"'global_stride={self.global_stride}' picks "
                                  f"the attended vertices from their positions: "
-                                 f"pass 'pos'")
-            global_keys = farthest_point_sampling(pos, batch, self.global_stride)
+                                 f"pass 'pos' or 'farthest_point_rank'")
+            else:
+                global_keys = farthest_point_sampling(pos, batch,
+                                                      self.global_stride)
         h = self.lin_in(x)
         for block in self.blocks:
             h = block(h, edge_index, batch, spectrum, gradient, global_keys)
