@@ -5,10 +5,11 @@ the human_seg task prepares since 2026-11-27).
 
     python -m benchmarks.global_keys [--root ../shared/datasets/human_seg]
         [--processed-dir DIR] [--meshes 32] [--repeats 3] [--threads 1]
-        [--device cpu] [--out FOLDER]
+        [--copies 1] [--workers 2] [--device cpu] [--out FOLDER]
 
 The training steps (forward, backward, Adam) of the chosen recipe's former
-(perturbed copies of every training mesh, one mesh per step) on the first
+(perturbed copies of every training mesh, one mesh per step; ``--copies
+0``: the meshes alone, which a GPU machine prepares in seconds) on the first
 ``--meshes`` meshes an epoch draws, from the same initial model and
 optimiser, with the keys sampled from ``pos`` (``sampled``: the meshes
 without their ranks) and read from the ranks (``ranks``), alternated
@@ -54,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--meshes', type=int, default=32)
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--copies', type=int, default=1, choices=(0, 1),
+                        help="perturbed copies per kind (the recipe's 1)")
+    parser.add_argument('--workers', type=int, default=2,
+                        help='processes preparing the meshes')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--out', type=Path)
     parser.add_argument('--no-progress', dest='progress', action='store_false')
@@ -74,7 +79,9 @@ def measure(args: argparse.Namespace, **options) -> dict:
     torch.set_num_threads(args.threads)
     data = (dict(root=args.root) if args.root
             else dict(synthetic_root=args.processed_dir))
-    options = {**RECIPE, **data, 'processed_dir': args.processed_dir, **options}
+    options = {**RECIPE, **data, 'processed_dir': args.processed_dir,
+               'augment_copies': args.copies, 'num_workers': args.workers,
+               **options}
     task = HumanSegTask(progress=args.progress, device=args.device, **options)
     train = task.augmented(task.datasets()[0])
     torch.manual_seed(0)  # the copies an epoch draws

@@ -143,7 +143,8 @@ lease)
     # tests (TESTS_S, default 150 s, at most), the Triton layer on every
     # input format under compute-sanitizer's memcheck (60 s at most), where
     # the time of a Cora-size layer step and of the dense module goes
-    # (benchmarks/host_profile.py, 40 s each at most; host_dispatch.py),
+    # (benchmarks/host_profile.py, 40 s each at most; host_dispatch.py;
+    # global_keys.py on human_seg, 75 s at most),
     # with HUMAN_SEG_S > 0 two epochs of human_seg in at most that many
     # seconds (default 0: read once, 2026-11-27, 5.0 s per epoch on an
     # H200), then the issues' benchmark targets until LEASE_S. A second call
@@ -171,6 +172,14 @@ lease)
     # stubbed): through the custom operators against the eager default.
     timeout -s INT -k 5 40 $PY -m benchmarks.host_dispatch --device "$DEVICE" \
         --nodes 2708 --edges 10556 >> "$OUT/profile.log" 2>&1
+    # A human_seg training step with the former's keys sampled in every
+    # forward pass against read from the meshes' farthest-point ranks (the
+    # meshes alone, prepared here first; 75 s at most).
+    [ -d "$PYG_METRIC_ATTN_SHARED/human_seg" ] && timeout -s INT -k 5 75 \
+        $PY -m benchmarks.global_keys --device "$DEVICE" --copies 0 \
+        --workers 12 --root "$PYG_METRIC_ATTN_SHARED/human_seg" \
+        --processed-dir /tmp/human_seg_processed --no-progress \
+        >> "$OUT/profile.log" 2>&1
     # Two epochs of the mesh job on the GPU, in HUMAN_SEG_S seconds (default
     # 0: skipped) or what the lease has left.
     left=$((lease_s - SECONDS - 30))
