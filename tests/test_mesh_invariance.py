@@ -9,6 +9,7 @@ import pytest
 import torch
 import trimesh
 from conftest import shared_dataset
+from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
@@ -18,6 +19,7 @@ from pyg_metric_attn.geometry import renumber_mesh
 from pyg_metric_attn.training.segmentation import face_logits
 from pyg_metric_attn.utils.point_sets import (
     UNRANKED,
+    PaddedSets,
     farthest_point_keys,
     farthest_point_ranks,
     farthest_point_sampling,
@@ -161,3 +163,30 @@ def test_farthest_point_keys_checks_its_inputs():
         farthest_point_keys(ranks, stride=0)
     with pytest.raises(ValueError, match="'stride' must be a positive integer"):
         farthest_point_sampling(torch.randn(5, 3), stride=2.5)
+
+
+def test_padded_sets_lay_out_points_and_keys_as_to_dense_batch():
+    generator = torch.Generator().manual_seed(0)
+    batch = torch.tensor([0, 0, 0, 2, 2, 3, 3, 3, 3, 3])  # set 1 empty
+    x = torch.randn(10, 4, generator=generator)
+    keys = torch.tensor([1, 0, 1, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
+    layout = PaddedSets.of(keys, batch)
+    queries, query_mask = to_dense_batch(x, batch)
+    padded_keys, key_mask = to_dense_batch(x[keys], batch[keys],
+                                           batch_size=queries.size(0))
+    assert layout.shape == (4, 5, 3)
+    assert torch.equal(layout.queries(x), queries)
+    assert torch.equal(layout.keys(x), padded_keys)
+    assert torch.equal(layout.key_padding, ~key_mask)
+    assert torch.equal(layout.unpad(queries), x)
+    # One set (batch None) and gradients through all three.
+    x.requires_grad_()
+    layout = PaddedSets.of(keys)
+    out = layout.unpad(layout.queries(x) + layout.keys(x).sum(1, keepdim=True))
+    out.sum().backward()
+    assert torch.equal(x.grad, 1 + 10 * keys.float()[:, None].expand(10, 4))
+    with pytest.raises(ValueError, match=r"'keys' must be a boolean mask \[N\], "
+                       r"got torch.int64 of shape \[10\]"):
+        PaddedSets.of(keys.long(), batch)
+    with pytest.raises(ValueError, match="'batch' must be sorted"):
+        PaddedSets.of(keys, batch.flip(0))

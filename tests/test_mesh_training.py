@@ -30,7 +30,7 @@ from pyg_metric_attn.transforms import (
     scale_to_area,
 )
 from pyg_metric_attn.utils.io import load_verified
-from pyg_metric_attn.utils.point_sets import farthest_point_ranks
+from pyg_metric_attn.utils.point_sets import PaddedSets, farthest_point_ranks
 from pyg_metric_attn.visualization import (
     MARK_COLOR,
     label_colors,
@@ -178,6 +178,32 @@ def test_human_seg_meshes_carry_the_ranks_and_no_step_samples_keys(
     # A former without a stride has its meshes prepared without ranks.
     assert not HumanSegTask(progress=False, former_global_stride=1,
                             **SMALL).preprocessing.farthest_point_ranks
+
+
+def test_former_lays_out_its_global_keys_once_per_forward_pass(monkeypatch):
+    # Not in every block: finding the layout reads back to the host (syncs
+    # on a GPU), using it does not.
+    import pyg_metric_attn.nn.models.mesh_former as mesh_former
+    from benchmarks.op_count import HOST_READS, OpCounter
+    layouts, find = [], PaddedSets.of
+
+    def counted(keys, batch=None):
+        layouts.append(find(keys, batch))
+        return layouts[-1]
+    monkeypatch.setattr(mesh_former.PaddedSets, 'of', counted)
+    sizes = [7, 11]
+    x, pos = torch.randn(sum(sizes), 5), torch.randn(sum(sizes), 3)
+    batch = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
+    model = MetricMeshFormer(5, 3, hidden_channels=16, num_layers=4, heads=2,
+                             global_stride=3, local_attention=False)
+    model(x, torch.empty(2, 0, dtype=torch.long), batch, pos=pos).sum().backward()
+    assert len(layouts) == 1
+    h = torch.randn(sum(sizes), 16)
+    with OpCounter() as counter:
+        model.blocks[0]._global(h, batch, layouts[0])
+    assert not any(counter.ops[name] for name in HOST_READS
+                   if name != '_local_scalar_dense')  # no boolean selection
+    assert counter.ops['index'] == 2  # the keys' rows and the unpadding
 
 
 def test_former_without_local_attention_does_not_read_the_mesh_edges():

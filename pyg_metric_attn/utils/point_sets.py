@@ -2,6 +2,8 @@
 along them; spread-out subsets of each set."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from torch_geometric.utils import to_dense_batch
@@ -161,6 +163,82 @@ def farthest_point_keys(ranks: Tensor, batch: Tensor | None = None,
         sizes = (torch.searchsorted(batch, batch, right=True)
                  - torch.searchsorted(batch, batch))
     return ranks < (sizes + stride - 1) // stride
+
+
+@dataclass(frozen=True)
+class PaddedSets:
+    r"""Sorted point sets padded into a batch of sequences, and a subset of
+    their points (the keys) padded into a second one:
+    :func:`~torch_geometric.utils.to_dense_batch`'s layout of both, found
+    once (three reads back to the host: the sets' order checked, the keys,
+    the sizes) and applied to any features of the points without another.
+    Where several layers attend from every point to the keys of its set,
+    each does three index ops instead of two ``to_dense_batch`` calls and
+    three boolean selections, each with its own reads back (syncs on a
+    GPU).
+
+    Build it with :meth:`of`. Padding is zero, as ``to_dense_batch``'s.
+    """
+    #: ``[N]``: the row of each point in the ``[B * L]`` padded queries.
+    query_slot: Tensor
+    #: ``[K]``: the keys' point indices.
+    key_index: Tensor
+    #: ``[K]``: the row of each key in the ``[B * S]`` padded keys.
+    key_slot: Tensor
+    #: ``[B, S]``: :obj:`True` where a row of the padded keys holds no key
+    #: (``key_padding_mask`` of :class:`~torch.nn.MultiheadAttention`).
+    key_padding: Tensor
+    #: ``(B, L, S)``: the sets, the most points and the most keys in one.
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, keys: Tensor, batch: Tensor | None = None) -> PaddedSets:
+        """The layout of the points (``batch``: their sorted set index,
+        :obj:`None`: one set) and of the keys among them (``keys``: a
+        boolean mask ``[N]``)."""
+        if keys.dim() != 1 or keys.dtype != torch.bool:
+            raise ValueError(f"'keys' must be a boolean mask [N], got "
+                             f"{keys.dtype} of shape {list(keys.shape)}")
+        num_points = keys.numel()
+        if batch is None:
+            batch = keys.new_zeros(num_points, dtype=torch.long)
+        check_batch(batch, num_points)
+        # Each point's position in its set, from the sorted set indices.
+        query_pos = (torch.arange(num_points, device=keys.device)
+                     - torch.searchsorted(batch, batch))
+        key_index = keys.nonzero().view(-1)  # one read
+        key_batch = batch[key_index]
+        key_pos = (torch.arange(key_index.numel(), device=keys.device)
+                   - torch.searchsorted(key_batch, key_batch))
+        zero = batch.new_zeros(1)
+        num_sets, query_len, key_len = (int(n) for n in torch.cat([  # one read
+            torch.cat([batch[-1:], zero - 1]).amax(0, keepdim=True),
+            torch.cat([query_pos, zero - 1]).amax(0, keepdim=True),
+            torch.cat([key_pos, zero - 1]).amax(0, keepdim=True)]).add(1).tolist())
+        key_slot = key_batch * key_len + key_pos
+        key_padding = torch.ones(num_sets * key_len, dtype=torch.bool,
+                                 device=keys.device).index_fill(0, key_slot, False)
+        return cls(batch * query_len + query_pos, key_index, key_slot,
+                   key_padding.view(num_sets, key_len),
+                   (num_sets, query_len, key_len))
+
+    def queries(self, x: Tensor) -> Tensor:
+        """The points' features ``[N, C]`` padded to ``[B, L, C]``."""
+        num_sets, query_len, _ = self.shape
+        return x.new_zeros(num_sets * query_len, x.size(-1)).index_copy(
+            0, self.query_slot, x).view(num_sets, query_len, x.size(-1))
+
+    def keys(self, x: Tensor) -> Tensor:
+        """The keys' features, from all points' ``[N, C]``, padded to
+        ``[B, S, C]``."""
+        num_sets, _, key_len = self.shape
+        return x.new_zeros(num_sets * key_len, x.size(-1)).index_copy(
+            0, self.key_slot, x[self.key_index]).view(num_sets, key_len,
+                                                      x.size(-1))
+
+    def unpad(self, out: Tensor) -> Tensor:
+        """The points' rows ``[N, C]`` of padded queries' ``[B, L, C]``."""
+        return out.reshape(-1, out.size(-1))[self.query_slot]
 
 
 #: The rank of a point that farthest point sampling does not pick.

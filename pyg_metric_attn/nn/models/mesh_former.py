@@ -11,7 +11,6 @@ from torch.nn import GELU, Dropout, LayerNorm, Sequential
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import reset
 from torch_geometric.typing import Adj, OptTensor
-from torch_geometric.utils import to_dense_batch
 
 from pyg_metric_attn.nn.conv import MetricAttentionConv
 from pyg_metric_attn.nn.dense import MetricMultiheadAttention
@@ -25,6 +24,7 @@ from pyg_metric_attn.nn.spatial_gradient import (
 )
 from pyg_metric_attn.nn.time_scale import TimeScale, resolve_time_scale
 from pyg_metric_attn.utils.point_sets import (
+    PaddedSets,
     farthest_point_keys,
     farthest_point_sampling,
 )
@@ -133,10 +133,12 @@ class MetricMeshFormerBlock(torch.nn.Module):
     def forward(self, h: Tensor, edge_index: Adj, batch: OptTensor,
                 spectrum: MeshSpectrum | None = None,
                 gradient: TangentGradient | None = None,
-                global_keys: OptTensor = None) -> Tensor:
+                global_keys: PaddedSets | Tensor | None = None) -> Tensor:
         """``gradient``: the meshes' tangent gradient operators, needed with
-        ``gradients``; ``global_keys``: a boolean mask ``[N]`` of the vertices
-        the global step attends to (:obj:`None`: all)."""
+        ``gradients``; ``global_keys``: the vertices the global step attends
+        to, a boolean mask ``[N]`` or its
+        :class:`~pyg_metric_attn.utils.point_sets.PaddedSets` (found once for
+        all blocks; :obj:`None`: all vertices)."""
         if self.diffusion is not None:
             if spectrum is None:
                 raise ValueError("A block with diffusion needs the meshes' "
@@ -165,18 +167,16 @@ class MetricMeshFormerBlock(torch.nn.Module):
         return h + self.dropout(self.ffn(self.norm_ffn(h)))
 
     def _global(self, h: Tensor, batch: OptTensor,
-                global_keys: OptTensor) -> Tensor:
+                global_keys: PaddedSets | Tensor | None) -> Tensor:
         if global_keys is None:
             return self.global_attention.forward_point_sets(h, batch)
-        if batch is None:
-            batch = h.new_zeros(h.size(0), dtype=torch.long)
-        queries, query_mask = to_dense_batch(h, batch)  # [B, L, C]
-        keys, key_mask = to_dense_batch(h[global_keys], batch[global_keys],
-                                        batch_size=queries.size(0))
-        out, _ = self.global_attention(queries, keys, keys,
-                                       key_padding_mask=~key_mask,
+        if isinstance(global_keys, Tensor):
+            global_keys = PaddedSets.of(global_keys, batch)
+        keys = global_keys.keys(h)  # [B, S, C]
+        out, _ = self.global_attention(global_keys.queries(h), keys, keys,
+                                       key_padding_mask=global_keys.key_padding,
                                        need_weights=False)
-        return out[query_mask]
+        return global_keys.unpad(out)
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,7 @@ class MetricMeshFormer(torch.nn.Module):
         if grad_index is not None and grad_weight is not None:
             gradient = TangentGradient.from_batch(grad_index, grad_weight,
                                                   x.size(0))
-        global_keys = None  # sampled once, shared by every block
+        global_keys = None  # found and laid out once, shared by every block
         if self.global_stride > 1:
             if farthest_point_rank is not None:
                 if farthest_point_rank.shape != (x.size(0),):
@@ -344,6 +344,7 @@ class MetricMeshFormer(torch.nn.Module):
             else:
                 global_keys = farthest_point_sampling(pos, batch,
                                                       self.global_stride)
+            global_keys = PaddedSets.of(global_keys, batch)
         h = self.lin_in(x)
         for block in self.blocks:
             h = block(h, edge_index, batch, spectrum, gradient, global_keys)
