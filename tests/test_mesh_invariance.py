@@ -163,6 +163,8 @@ def test_farthest_point_keys_checks_its_inputs():
         farthest_point_keys(ranks, stride=0)
     with pytest.raises(ValueError, match="'stride' must be a positive integer"):
         farthest_point_sampling(torch.randn(5, 3), stride=2.5)
+    with pytest.raises(ValueError, match="'batch' must be sorted"):
+        farthest_point_keys(ranks, torch.tensor([0, 1, 0, 1, 1]), stride=2)
 
 
 def test_padded_sets_lay_out_points_and_keys_as_to_dense_batch():

@@ -141,11 +141,12 @@ def farthest_point_keys(ranks: Tensor, batch: Tensor | None = None,
     r"""The mask of :func:`farthest_point_sampling` with ``stride``, from the
     sets' :func:`farthest_point_ranks`: the points ranked below
     :math:`\lceil n / \text{stride} \rceil` in their set of :math:`n`
-    points. No value is read back to the host.
+    points. No value of a GPU tensor is read back to the host.
 
     Args:
         ranks (torch.Tensor): :func:`farthest_point_ranks` ``[N]``.
-        batch (torch.Tensor, optional): Sorted set assignment of each point;
+        batch (torch.Tensor, optional): Sorted set assignment of each point
+            (checked on CPU tensors, where that costs no sync);
             :obj:`None` means one set.
         stride (int): One point chosen per ``stride`` points. (default:
             :obj:`1`: all)
@@ -157,7 +158,10 @@ def farthest_point_keys(ranks: Tensor, batch: Tensor | None = None,
     if batch is None:
         sizes = torch.full_like(ranks, ranks.numel())
     else:
-        check_batch_vector(batch, ranks.numel())
+        if batch.device.type == 'cpu':
+            check_batch(batch, ranks.numel())
+        else:
+            check_batch_vector(batch, ranks.numel())
         # Each point's set size from the sorted set indices: no bound read
         # back, and no index out of range whatever their values.
         sizes = (torch.searchsorted(batch, batch, right=True)
