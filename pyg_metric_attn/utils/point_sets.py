@@ -174,12 +174,12 @@ class PaddedSets:
     r"""Sorted point sets padded into a batch of sequences, and a subset of
     their points (the keys) padded into a second one:
     :func:`~torch_geometric.utils.to_dense_batch`'s layout of both, found
-    once (three reads back to the host: the sets' order checked, the keys,
-    the sizes) and applied to any features of the points without another.
-    Where several layers attend from every point to the keys of its set,
-    each does three index ops instead of two ``to_dense_batch`` calls and
-    three boolean selections, each with its own reads back (syncs on a
-    GPU).
+    once (at most three reads back to the host: the sets' order checked
+    where ``batch`` is given, the keys, the sizes) and applied to any
+    features of the points without another. Where several layers attend
+    from every point to the keys of its set, each does three index ops
+    instead of two ``to_dense_batch`` calls and three boolean selections,
+    each with its own reads back (syncs on a GPU).
 
     Build it with :meth:`of`. Padding is zero, as ``to_dense_batch``'s.
     """
@@ -206,7 +206,8 @@ class PaddedSets:
         num_points = keys.numel()
         if batch is None:
             batch = keys.new_zeros(num_points, dtype=torch.long)
-        check_batch(batch, num_points)
+        else:
+            check_batch(batch, num_points)
         # Each point's position in its set, from the sorted set indices.
         query_pos = (torch.arange(num_points, device=keys.device)
                      - torch.searchsorted(batch, batch))
@@ -214,11 +215,11 @@ class PaddedSets:
         key_batch = batch[key_index]
         key_pos = (torch.arange(key_index.numel(), device=keys.device)
                    - torch.searchsorted(key_batch, key_batch))
-        zero = batch.new_zeros(1)
-        num_sets, query_len, key_len = (int(n) for n in torch.cat([  # one read
-            torch.cat([batch[-1:], zero - 1]).amax(0, keepdim=True),
-            torch.cat([query_pos, zero - 1]).amax(0, keepdim=True),
-            torch.cat([key_pos, zero - 1]).amax(0, keepdim=True)]).add(1).tolist())
+        # The last set index, the most points and the most keys in a set
+        # (-1 where there are none), in one read.
+        largest = torch.stack([torch.cat([values, values.new_full((1,), -1)]).max()
+                               for values in (batch[-1:], query_pos, key_pos)])
+        num_sets, query_len, key_len = (largest + 1).tolist()
         key_slot = key_batch * key_len + key_pos
         key_padding = torch.ones(num_sets * key_len, dtype=torch.bool,
                                  device=keys.device).index_fill(0, key_slot, False)
