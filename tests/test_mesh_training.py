@@ -21,7 +21,11 @@ from pyg_metric_attn.datasets import BODY_PARTS, SyntheticHumans
 from pyg_metric_attn.experiments import TASKS
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.geometry import taubin_smoothing
-from pyg_metric_attn.nn.models import MetricMeshFormer, MetricMeshFormerConfig
+from pyg_metric_attn.nn.models import (
+    MetricMeshFormer,
+    MetricMeshFormerConfig,
+    mesh_former,
+)
 from pyg_metric_attn.training import load_best_model
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
 from pyg_metric_attn.transforms import (
@@ -124,6 +128,12 @@ def test_global_attention_attends_to_the_marked_vertices():
               batch)
 
 
+def no_sampling(*args, **kwargs):
+    """A stand-in for farthest_point_sampling where the keys must come from
+    the ranks."""
+    raise AssertionError('the keys were sampled in the forward pass')
+
+
 def test_former_takes_its_global_keys_from_the_farthest_point_ranks(
         monkeypatch):
     torch.manual_seed(0)
@@ -135,10 +145,6 @@ def test_former_takes_its_global_keys_from_the_farthest_point_ranks(
     edges = torch.empty(2, 0, dtype=torch.long)
     ranks = farthest_point_ranks(pos, batch)
     sampled = model(x, edges, batch, pos=pos)
-    import pyg_metric_attn.nn.models.mesh_former as mesh_former
-
-    def no_sampling(*args, **kwargs):
-        raise AssertionError('the keys were sampled in the forward pass')
     monkeypatch.setattr(mesh_former, 'farthest_point_sampling', no_sampling)
     # The same vertices, so the same outputs to the bit; the ranks are read
     # where the positions are given too.
@@ -168,10 +174,6 @@ def test_human_seg_meshes_carry_the_ranks_and_no_step_samples_keys(
                         evecs=batch.evecs, evals=batch.evals, mass=batch.mass,
                         grad_index=batch.grad_index,
                         grad_weight=batch.grad_weight)
-    import pyg_metric_attn.nn.models.mesh_former as mesh_former
-
-    def no_sampling(*args, **kwargs):
-        raise AssertionError('the keys were sampled in the forward pass')
     monkeypatch.setattr(mesh_former, 'farthest_point_sampling', no_sampling)
     with torch.no_grad():
         assert torch.equal(task.forward(model, batch), sampled)
@@ -183,7 +185,6 @@ def test_human_seg_meshes_carry_the_ranks_and_no_step_samples_keys(
 def test_former_lays_out_its_global_keys_once_per_forward_pass(monkeypatch):
     # Not in every block: finding the layout reads back to the host (syncs
     # on a GPU), using it does not.
-    import pyg_metric_attn.nn.models.mesh_former as mesh_former
     from benchmarks.op_count import HOST_READS, OpCounter
     layouts, find = [], PaddedSets.of
 
