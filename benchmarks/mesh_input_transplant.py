@@ -6,11 +6,11 @@ meshes read up to eight ways,
 - ``perturbed``: as ``experiment human_seg_robust`` scores it (its own HKS,
   operators and connectivity);
 - ``original inputs``: the perturbed mesh with the original mesh's HKS
-  carried over (:func:`carried`: the original vertices keep theirs; a
-  vertex Loop subdivision adds on an edge takes the mean of that edge's two
-  original vertices; a decimated copy's vertices, which move, take their
-  nearest original vertex's), so only the operators and connectivity
-  differ;
+  carried over (``human_seg_robust.carried``: the original vertices keep
+  theirs; a vertex Loop subdivision adds on an edge takes the mean of that
+  edge's two original vertices; a decimated copy's vertices, which move,
+  take their nearest original vertex's), so only the operators and
+  connectivity differ;
 - ``only inputs perturbed`` (perturbations that keep the vertices and the
   faces: jitter, anisotropic scaling, rotation): the original mesh with the
   perturbed copy's HKS, so only the descriptor differs;
@@ -54,13 +54,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from scipy.spatial import cKDTree
 from torch_geometric.utils import scatter
 from tqdm.auto import tqdm
 
 from benchmarks.mesh_feature_drift import SAME_VERTICES, parse_arguments
 from pyg_metric_attn.datasets import BODY_PARTS, PerturbedMeshes
-from pyg_metric_attn.experiments.human_seg_robust import score_set, split_meshes
+from pyg_metric_attn.experiments.human_seg_robust import (
+    carried,
+    score_set,
+    split_meshes,
+)
 from pyg_metric_attn.experiments.run_folder import load_run
 from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.training.segmentation import face_logits
@@ -76,49 +79,6 @@ OWN_VERTICES = {'only added vertices perturbed': 'added',
                 'only original vertices perturbed': 'original'}
 #: The perturbations this script reads.
 READABLE = (*SAME_VERTICES, 'decimation')
-
-
-def original_frame(copy, mesh) -> torch.Tensor:
-    """The copy's vertex positions in the original ``mesh``'s frame: each
-    mesh is centred and scaled on its own when processed
-    (:func:`~pyg_metric_attn.geometry.normalize_positions`), so the copy is
-    scaled and shifted by the least-squares fit that carries its face
-    centroids onto those of the faces they stem from (``copy.source_face``)."""
-    ours = copy.pos[copy.face].mean(dim=0).double()
-    theirs = mesh.pos[mesh.face].mean(dim=0).double()[copy.source_face]
-    ours_mean, theirs_mean = ours.mean(dim=0), theirs.mean(dim=0)
-    scale = (((ours - ours_mean) * (theirs - theirs_mean)).sum()
-             / (ours - ours_mean).square().sum())
-    return scale * (copy.pos.double() - ours_mean) + theirs_mean
-
-
-def carried(values: torch.Tensor, copy, mesh) -> torch.Tensor:
-    """Per-vertex ``values`` of the original ``mesh`` on the copy's
-    vertices: where the copy has as many vertices they are the original's;
-    where it has more (Loop subdivision) the original vertices (the copy's
-    first) keep theirs and every added vertex takes the mean over its
-    neighbours among the original vertices (the two ends of the edge it
-    split); where it has fewer (decimation, whose vertices move) every
-    vertex takes the value of the original vertex nearest to it, in the
-    original's frame (:func:`original_frame`)."""
-    count = values.size(0)
-    if copy.num_nodes == count:
-        return values
-    if copy.num_nodes < count:
-        _, nearest = cKDTree(mesh.pos.double().numpy()).query(
-            original_frame(copy, mesh).numpy())
-        return values[torch.from_numpy(nearest)]
-    src, dst = copy.edge_index
-    added = (dst >= count) & (src < count)
-    sums = values.new_zeros(copy.num_nodes, values.size(1))
-    sums.index_add_(0, dst[added], values[src[added]])
-    ends = torch.bincount(dst[added], minlength=copy.num_nodes)
-    if not bool((ends[count:] == 2).all()):
-        raise ValueError(f"{copy.name}: an added vertex is not on one edge "
-                         f"of two original vertices; not a Loop subdivision")
-    carried_values = sums / ends.clamp(min=1).unsqueeze(-1).to(sums.dtype)
-    carried_values[:count] = values
-    return carried_values
 
 
 def ground_truth_drop(meshes, copies, num_classes: int) -> float:

@@ -133,15 +133,17 @@ def test_perturbed_meshes_are_seeded_cached_and_carry_labels(tmp_path,
 
 
 def test_an_invariant_model_loses_nothing_at_the_original_faces():
-    """Vertex values carried to a Loop subdivision (benchmarks/
-    mesh_input_transplant: an added vertex takes the mean of the edge it
-    splits) and read out at the new faces differ from the original faces'
-    values (the corner faces lean to their corner), but averaged over the
-    four faces of each original face (human_seg_robust's drop at the
-    original faces) they give those values back exactly: the readout that
-    tells a model's change from the labels' resolution."""
-    from benchmarks.mesh_input_transplant import carried
-    from pyg_metric_attn.experiments.human_seg_robust import at_original_faces
+    """Vertex values carried to a Loop subdivision (human_seg_robust.carried:
+    an added vertex takes the mean of the edge it splits) and read out at
+    the new faces differ from the original faces' values (the corner faces
+    lean to their corner), but averaged over the four faces of each original
+    face (human_seg_robust's drop at the original faces) they give those
+    values back exactly: the readout that tells a model's change from the
+    labels' resolution."""
+    from pyg_metric_attn.experiments.human_seg_robust import (
+        at_original_faces,
+        carried,
+    )
     from pyg_metric_attn.training.segmentation import face_logits
 
     pos, face, _ = labelled_capsule()
@@ -166,6 +168,53 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
                                    copy.edge_index[:, ends[0] + 1:]], dim=1)
     with pytest.raises(ValueError, match='not a Loop subdivision'):
         carried(values, broken, mesh)
+
+
+def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
+        monkeypatch, tmp_path):
+    """human_seg_robust reads, for Loop subdivision and decimation, the
+    readout floor: what the original meshes' vertex logits carried to the
+    copies lose at the copies' faces. A model that the perturbation does not
+    change (its logits on a copy are the carried ones) loses exactly that,
+    and nothing at the original faces; a perturbation that keeps the faces
+    has none."""
+    from types import SimpleNamespace
+
+    import pyg_metric_attn.datasets as datasets
+    from pyg_metric_attn.experiments.human_seg_robust import carried, score
+    from pyg_metric_attn.training.segmentation import face_logits
+
+    pos, face, labels = labelled_capsule()
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule', face_labels=labels,
+                                source_face=np.arange(len(face))))
+    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
+                                             np.random.default_rng(0))
+    subdivided = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
+                                      face_labels=labels[source],
+                                      source_face=source))
+    generator = torch.Generator().manual_seed(0)
+    # logits that follow the bands, with noise, so that some corner faces lean
+    logits = (10 * torch.nn.functional.one_hot(torch.from_numpy(
+        np.digitize(pos[:, 2], [-0.5, 0.5])), 3).double()
+        + 8 * torch.randn(len(pos), 3, generator=generator, dtype=torch.float64))
+
+    def vertex_scores(model, scored):
+        return logits if scored is mesh else carried(logits, scored, mesh)
+
+    task = SimpleNamespace(
+        split_meshes=lambda split: [mesh], preprocessing=None,
+        config=SimpleNamespace(num_workers=1), vertex_scores=vertex_scores,
+        face_scores=lambda model, scored: face_logits(
+            vertex_scores(model, scored), scored.face))
+    monkeypatch.setattr(datasets, 'PerturbedMeshes',
+                        lambda root, meshes, kind, *args, **kwargs:
+                        [subdivided] if kind == 'subdivision' else meshes)
+    original, row, jitter = score(task, None, ['subdivision', 'jitter'], 0,
+                                  tmp_path)
+    assert row['drop'] > 0.5  # the corner faces lean towards their corner
+    assert row['readout_floor'] == pytest.approx(row['drop'])
+    assert row['source_drop'] == pytest.approx(0.0, abs=1e-9)
+    assert jitter['readout_floor'] is None and original['readout_floor'] == 0
 
 
 def test_a_subdivided_copy_read_with_its_own_logits_at_one_kind_of_vertex():
@@ -201,10 +250,12 @@ def test_a_subdivided_copy_read_with_its_own_logits_at_one_kind_of_vertex():
 
 def test_values_carried_to_a_decimated_copy_come_from_the_nearest_vertex():
     """A decimated copy's vertices move and the copy is centred and scaled
-    on its own: benchmarks/mesh_input_transplant puts it back into the
-    original's frame and gives each vertex its nearest original vertex's
-    values."""
-    from benchmarks.mesh_input_transplant import carried, original_frame
+    on its own: human_seg_robust.carried puts it back into the original's
+    frame and gives each vertex its nearest original vertex's values."""
+    from pyg_metric_attn.experiments.human_seg_robust import (
+        carried,
+        original_frame,
+    )
 
     pos, face, _ = labelled_capsule()
     mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
@@ -250,6 +301,11 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     for kind in ('jitter', 'rotation', 'renumbering', 'anisotropic_scaling'):
         assert rows[kind]['source_drop'] == pytest.approx(rows[kind]['drop'])
     assert rows['subdivision']['faces'] == 4 * rows['original']['faces']
+    # The readout floor where remeshing changes the faces, none elsewhere.
+    for kind, row in rows.items():
+        assert isinstance(row['readout_floor'], float) == (
+            kind in ('original', 'subdivision', 'decimation'))
+    assert '| readout floor |' in (out / 'summary.md').read_text()
     # DiffusionNet on HKS sees neither the pose nor the numbering.
     assert rows['renumbering']['agreement'] > 0.99
     assert rows['rotation']['agreement'] > 0.99
@@ -484,11 +540,12 @@ def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
     import pyg_metric_attn.datasets as datasets
     from pyg_metric_attn.experiments.human_seg_robust import score
 
-    mesh = Data(y=torch.arange(10), source_face=torch.arange(10))
+    mesh = Data(y=torch.arange(10), source_face=torch.arange(10),
+                face=torch.arange(30).view(3, 10))
     task = SimpleNamespace(
         split_meshes=lambda split: [mesh], preprocessing=None,
         config=SimpleNamespace(num_workers=1),
-        predict=lambda model, mesh: torch.zeros(10, dtype=torch.long),
+        vertex_scores=lambda model, mesh: torch.zeros(30, 8),
         face_scores=lambda model, mesh: torch.zeros(10, 8))
     monkeypatch.setattr(datasets, 'PerturbedMeshes',
                         lambda root, meshes, *args, **kwargs: meshes)

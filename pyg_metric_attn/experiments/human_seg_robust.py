@@ -32,7 +32,13 @@ four faces per original face all carry its label, and a vertex model's
 corner faces lean towards their corner: at segment borders that costs
 accuracy even for a model that subdivision does not change at all (its
 averaged logits are exactly the original's), so the drop at the original
-faces is the one that measures how much the segmentation changes.
+faces is the one that measures how much the segmentation changes. That
+cost is read as well, the **readout floor** of Loop subdivision and
+decimation: the original meshes' vertex logits carried to the copies (an
+added vertex takes the mean of the edge it splits; a decimated copy's
+vertex, which moves, its nearest original vertex's, so there the floor is
+approximate) and read out at their faces, what a model the perturbation
+does not change at all would lose; the drop beyond it is the model's own.
 Written to ``--out``: ``results.json``,
 ``summary.md`` (a table per run and one of the drops of all runs),
 ``human_seg_robust.png``, and, to see where the segmentation changes, per
@@ -57,6 +63,12 @@ from pyg_metric_attn.training.device import add_placement_arguments
 from pyg_metric_attn.utils.io import atomic_writer, write_results
 
 NAME = 'human_seg_robust'
+#: The perturbations whose readout floor :func:`score` reads: those that
+#: change the vertices and faces, where :func:`carried` takes the original
+#: values to the copy (exactly for Loop subdivision; for decimation, whose
+#: vertices move, each vertex takes its nearest original vertex's). The
+#: others keep the faces, so a model they do not change loses nothing.
+READOUT_FLOORS = ('subdivision', 'decimation')
 #: The meshes a ``--split`` perturbs, in words.
 SPLIT_NAMES = {'test': 'test meshes', 'val': 'validation meshes'}
 
@@ -116,8 +128,12 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     (the drop read at the original faces, :func:`at_original_faces`;
     :obj:`None` where a copy leaves some original face without faces),
     ``agreement``
-    (share of faces predicted as the original face they stem from) and
-    ``mesh_face_acc`` (per mesh).
+    (share of faces predicted as the original face they stem from),
+    ``mesh_face_acc`` (per mesh) and, for the perturbations of
+    :data:`READOUT_FLOORS`, ``readout_floor``: the drop of the original
+    meshes' vertex logits carried to the copies (:func:`carried`) and read
+    out at their faces, what a model that the perturbation does not change
+    at all loses (:obj:`None` for the others).
 
     A perturbation that draws at random (all but
     :data:`~pyg_metric_attn.geometry.DETERMINISTIC_PERTURBATIONS`) is scored
@@ -130,13 +146,16 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     prediction changed), written into that folder."""
     from pyg_metric_attn.datasets import PerturbedMeshes
     from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
+    from pyg_metric_attn.training.segmentation import face_logits
 
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"'draws' must be a positive integer, got {draws!r}")
     meshes = split_meshes(task, split)
     if variants_dir is None:
         variants_dir = Path(meshes.processed_root) / 'robustness'
-    originals = [task.predict(model, mesh) for mesh in meshes]
+    vertex_logits = [task.vertex_scores(model, mesh) for mesh in meshes]
+    originals = [face_logits(logits, mesh.face).argmax(-1)
+                 for logits, mesh in zip(vertex_logits, meshes, strict=True)]
     sets = [(name, distinct_copy_seeds(name, seed, draws))
             for name in perturbations]
     bar = tqdm(total=1 + sum(len(seeds) for _, seeds in sets), desc=NAME,
@@ -144,10 +163,11 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
     original_labels = [mesh.y for mesh in meshes]
     original = score_set(task, model, meshes, originals, False)
     del original['predictions']
-    rows = [dict(perturbation='original', drop=0.0, source_drop=0.0, **original)]
+    rows = [dict(perturbation='original', drop=0.0, source_drop=0.0,
+                 readout_floor=0.0, **original)]
     bar.update()
     for name, seeds in sets:
-        scored, first_draw = [], None
+        scored, first_draw, floors = [], None, []
         for draw_seed in seeds:
             copies = PerturbedMeshes(variants_dir, meshes, name, draw_seed,
                                      pre_transform=task.preprocessing,
@@ -155,6 +175,9 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
                                      log=progress)
             scored.append(score_set(task, model, copies, originals, True,
                                     original_labels))
+            if name in READOUT_FLOORS:
+                floors.append(100 * (rows[0]['face_acc'] - carried_accuracy(
+                    vertex_logits, meshes, copies)))
             if first_draw is None:  # its copies and their predictions
                 first_draw = copies, scored[-1].pop('predictions')
             bar.update()
@@ -172,7 +195,8 @@ def score(task: Any, model: torch.nn.Module, perturbations: list[str],
                 *(draw['mesh_face_acc'] for draw in scored), strict=True)],
             # the mean of the draws' drops: exactly 0 where every draw is
             drop=mean(drops), draw_drops=drops,
-            source_drop=(None if None in source_drops else mean(source_drops))))
+            source_drop=(None if None in source_drops else mean(source_drops)),
+            readout_floor=mean(floors) if floors else None))
         if examples_dir is not None:
             copies, predictions = first_draw
             example = write_example(copies, originals, predictions,
@@ -195,6 +219,67 @@ def at_original_faces(face_values: torch.Tensor, source_face: torch.Tensor,
         return None
     return scatter(face_values, source_face, dim=0, dim_size=num_faces,
                    reduce='mean')
+
+
+def carried_accuracy(vertex_logits: list[torch.Tensor], meshes: Any,
+                     copies: Any) -> float:
+    """Face accuracy on the perturbed ``copies`` of the original
+    ``meshes``' ``vertex_logits`` carried to the copies' vertices
+    (:func:`carried`) and averaged at their faces: the accuracy of a model
+    that the perturbation does not change at all."""
+    from pyg_metric_attn.training.segmentation import face_logits
+
+    correct = faces = 0
+    for logits, mesh, copy in zip(vertex_logits, meshes, copies, strict=True):
+        predicted = face_logits(carried(logits, copy, mesh), copy.face).argmax(-1)
+        correct += int((predicted == copy.y).sum())
+        faces += copy.y.numel()
+    return correct / faces
+
+
+def original_frame(copy, mesh) -> torch.Tensor:
+    """The copy's vertex positions in the original ``mesh``'s frame: each
+    mesh is centred and scaled on its own when processed
+    (:func:`~pyg_metric_attn.geometry.normalize_positions`), so the copy is
+    scaled and shifted by the least-squares fit that carries its face
+    centroids onto those of the faces they stem from (``copy.source_face``)."""
+    ours = copy.pos[copy.face].mean(dim=0).double()
+    theirs = mesh.pos[mesh.face].mean(dim=0).double()[copy.source_face]
+    ours_mean, theirs_mean = ours.mean(dim=0), theirs.mean(dim=0)
+    scale = (((ours - ours_mean) * (theirs - theirs_mean)).sum()
+             / (ours - ours_mean).square().sum())
+    return scale * (copy.pos.double() - ours_mean) + theirs_mean
+
+
+def carried(values: torch.Tensor, copy, mesh) -> torch.Tensor:
+    """Per-vertex ``values`` of the original ``mesh`` on the copy's
+    vertices: where the copy has as many vertices they are the original's;
+    where it has more (Loop subdivision) the original vertices (the copy's
+    first) keep theirs and every added vertex takes the mean over its
+    neighbours among the original vertices (the two ends of the edge it
+    split); where it has fewer (decimation, whose vertices move) every
+    vertex takes the value of the original vertex nearest to it, in the
+    original's frame (:func:`original_frame`)."""
+    count = values.size(0)
+    if copy.num_nodes == count:
+        return values
+    if copy.num_nodes < count:
+        from scipy.spatial import cKDTree
+
+        _, nearest = cKDTree(mesh.pos.double().numpy()).query(
+            original_frame(copy, mesh).numpy())
+        return values[torch.from_numpy(nearest)]
+    src, dst = copy.edge_index
+    added = (dst >= count) & (src < count)
+    sums = values.new_zeros(copy.num_nodes, values.size(1))
+    sums.index_add_(0, dst[added], values[src[added]])
+    ends = torch.bincount(dst[added], minlength=copy.num_nodes)
+    if not bool((ends[count:] == 2).all()):
+        raise ValueError(f"{copy.name}: an added vertex is not on one edge "
+                         f"of two original vertices; not a Loop subdivision")
+    carried_values = sums / ends.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+    carried_values[:count] = values
+    return carried_values
 
 
 def score_set(task: Any, model: torch.nn.Module, meshes: Any,
@@ -296,19 +381,25 @@ def summary_table(results: dict[str, Any]) -> str:
              f"drop: points below the original; drop at the original "
              f"faces: the same, of the copy's face logits averaged over the "
              f"faces that stem from each original face ('-': a copy that "
-             f"leaves some without); agreement: faces predicted as the "
+             f"leaves some without); readout floor: the drop of the original "
+             f"meshes' vertex logits carried to the copies and read out at "
+             f"their faces, what a model the perturbation does not change "
+             f"loses (for decimation approximately: each vertex takes its "
+             f"nearest original vertex's; '-': a perturbation that keeps the "
+             f"faces, where it is 0); agreement: faces predicted as the "
              f"original face they stem from.", '']
     for run in results['runs']:
         lines += [run['description'], '',
                   '| mesh set | faces | face acc % | drop (points) | '
-                  'drop at the original faces | agreement % |'
+                  'drop at the original faces | readout floor | agreement % |'
                   + (' drop per draw |' if draws else ''),
-                  '|---|---|---|---|---|---|' + ('---|' if draws else '')]
+                  '|---|---|---|---|---|---|---|' + ('---|' if draws else '')]
         for row in run['rows']:
-            source_drop = row.get('source_drop')
             line = (f"| {row['perturbation']} | {row['faces']} | "
                     f"{100 * row['face_acc']:.2f} | {row['drop']:.2f} | "
-                    + ('-' if source_drop is None else f'{source_drop:.2f}')
+                    + ' | '.join('-' if row.get(key) is None else
+                                 f'{row[key]:.2f}'
+                                 for key in ('source_drop', 'readout_floor'))
                     + f" | {100 * row['agreement']:.2f} |")
             if draws:
                 line += ' ' + ' / '.join(

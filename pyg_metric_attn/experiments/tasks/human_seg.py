@@ -566,12 +566,17 @@ class HumanSegTask(Task):
             self.save_example(model, out_dir)
         return {'history': history, 'final': final}
 
+    def vertex_scores(self, model: torch.nn.Module, mesh) -> torch.Tensor:
+        """Vertex logits ``[N, classes]`` of one processed mesh (on the
+        CPU)."""
+        model, moved = self.placement.move(model), self.placement.move(mesh)
+        with eval_mode(model), self.placement.autocast():
+            return self.forward(model, moved).cpu()
+
     def face_scores(self, model: torch.nn.Module, mesh) -> torch.Tensor:
         """Face logits ``[F, classes]`` of one processed mesh (on the CPU),
         each face's the mean of its vertices' (what the loss reads)."""
-        model, mesh = self.placement.move(model), self.placement.move(mesh)
-        with eval_mode(model), self.placement.autocast():
-            return face_logits(self.forward(model, mesh), mesh.face).cpu()
+        return face_logits(self.vertex_scores(model, mesh), mesh.face.cpu())
 
     def predict(self, model: torch.nn.Module, mesh) -> torch.Tensor:
         """Predicted face labels of one processed mesh (on the CPU)."""
