@@ -54,12 +54,17 @@ def load_script():
     return module
 
 
-def run_rank(rank: int, port: int, argv: list[str], log: str) -> None:
-    """One rank of the script with the variables torchrun sets (its output in
-    ``log``); exits with the script's code."""
+def set_torchrun_variables(rank: int, port: int) -> None:
+    """The variables torchrun sets for ``rank`` of two on this machine."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
                       LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(port))
+
+
+def run_rank(rank: int, port: int, argv: list[str], log: str) -> None:
+    """One rank of the script with the variables torchrun sets (its output in
+    ``log``); exits with the script's code."""
+    set_torchrun_variables(rank, port)
     with open(log, 'w') as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
@@ -214,6 +219,55 @@ def test_a_hung_rank_ends_the_other_with_an_error_and_the_run_resumes(tmp_path):
                                    msg=name)
     rows = load_verified(out / 'last.pt')['history']
     assert [row['epoch'] for row in rows] == [1, 2]
+
+
+def gloo_threads() -> list[str]:
+    """The worker threads of this process's gloo process groups."""
+    tasks = Path('/proc/self/task')
+    return [name for name in ((task / 'comm').read_text().strip()
+                              for task in tasks.iterdir())
+            if name == 'pt_gloo_runloop']
+
+
+def fit_in_a_group_then_count_gloo_threads(rank: int, port: int) -> None:
+    """One rank: a Trainer's two epochs inside ``process_group``; exits with
+    the number of gloo worker threads left running after the block, or 99
+    where none ran inside it (at once, without the interpreter's teardown,
+    where a group that outlived its block may hang)."""
+    set_torchrun_variables(rank, port)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    with process_group(timeout_s=60) as context:
+        model = torch.nn.Linear(2, 1)
+        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          lambda m, x: m(x).square().mean(), progress=False,
+                          distributed=context)
+        trainer.fit(lambda epoch: [torch.ones(4, 2)], epochs=2)
+        running = len(gloo_threads())
+    os._exit(len(gloo_threads()) if running else 99)
+
+
+@pytest.mark.skipif(not Path('/proc/self/task').is_dir(),
+                    reason='reads the threads from /proc (Linux)')
+def test_leaving_the_group_after_training_ends_its_threads():
+    """When the ``process_group`` block ends, so has the group: nothing the
+    Trainer made (DDP's reducer) holds it on. A group freed later, by a
+    destructor that holds the GIL while gloo's ending threads wait for the
+    GIL, hung rank 0 after its last line (1 run in about 30 of the torchrun
+    test on two busy cores)."""
+    context = multiprocessing.get_context('forkserver')
+    context.set_forkserver_preload(PRELOAD)
+    port = free_port()
+    ranks = [context.Process(target=fit_in_a_group_then_count_gloo_threads,
+                             args=(rank, port)) for rank in range(2)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(120)
+        if rank.exitcode is None:
+            rank.kill()
+            rank.join()
+    assert [rank.exitcode for rank in ranks] == [0, 0]
 
 
 # The library's pieces in one process ------------------------------------------

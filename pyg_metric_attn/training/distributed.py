@@ -130,7 +130,13 @@ class DistributedContext:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` in :class:`~torch.nn.parallel.DistributedDataParallel`
         where there are several processes (its parameters must be on
-        :attr:`device`); the model itself otherwise."""
+        :attr:`device`); the model itself otherwise.
+
+        Free the wrapper inside the :func:`process_group` block (keep it in a
+        local of the training function, as
+        :meth:`~pyg_metric_attn.training.Trainer.fit` does): it holds the
+        process group, and a group freed after the block can hang the
+        process."""
         if not self.is_distributed:
             return model
         devices = {p.device for p in model.parameters()}
@@ -233,10 +239,12 @@ def process_group(timeout_s: float | None = None, backend: str | None = None
             f"{timeout_s:g} s timeout ({_first_line(error)}). Start all ranks "
             f"again; the last checkpoint resumes the run") from error
     # Leave the group only after a clean end: after a failure the others may
-    # be gone, and the process exits anyway. Ranks leave together: one that
-    # tore its group down while rank 0 still wrote its files sometimes hung
-    # in gloo's teardown after rank 0 had exited (1 run in 4-8 of the
-    # torchrun test).
+    # be gone, and the process exits anyway. Ranks leave together, and the
+    # group ends here, in destroy_process_group. A holder that outlived the
+    # block (a DDP wrapper's reducer) would free it later, from a destructor
+    # that holds the GIL while it waits for gloo's threads to end, and they
+    # may need the GIL to free their last collective's tensors: rank 0 hung
+    # after its last line in 1 run of about 30 of the torchrun test.
     dist.barrier()
     dist.destroy_process_group()
 

@@ -135,8 +135,6 @@ class Trainer:
         self.placement = placement
         self.model = placement.move(model) if placement is not None else model
         self.distributed = distributed or DistributedContext()
-        # What `step` runs: DDP around `model` where there are several ranks.
-        self.training_model = self.distributed.wrap(self.model)
         self.optimizer = optimizer
         self.step = step
         self.evaluate = evaluate
@@ -180,9 +178,14 @@ class Trainer:
         bar = tqdm(range(len(self.history) + 1, epochs + 1), desc=self.desc,
                    disable=not (self.progress and self.distributed.is_main),
                    leave=False, dynamic_ncols=True)
+        # What `step` runs: DDP around the model where there are several
+        # ranks, for these epochs only. Its reducer holds the process group;
+        # one that outlived the group would free the group's last reference
+        # later, holding the GIL while gloo's threads, ending, wait for it.
+        training_model = self.distributed.wrap(self.model)
         with denormals_flushed(self.flush_denormals):
             for epoch in bar:
-                row = self._train_epoch(batches(epoch), epoch)
+                row = self._train_epoch(training_model, batches(epoch), epoch)
                 if self.evaluate is not None:
                     with eval_mode(self.model), self._autocast():
                         row.update(self.evaluate(self.model))
@@ -199,7 +202,8 @@ class Trainer:
         bar.close()
         return self.history
 
-    def _train_epoch(self, batches: Iterable[Any], epoch: int) -> dict[str, float]:
+    def _train_epoch(self, training_model: torch.nn.Module,
+                     batches: Iterable[Any], epoch: int) -> dict[str, float]:
         self.model.train()
         total, count = 0.0, 0
         start = time.perf_counter()
@@ -208,7 +212,7 @@ class Trainer:
             if self.placement is not None:
                 batch = self.placement.move(batch)
             with self._autocast():
-                loss = self.step(self.training_model, batch)
+                loss = self.step(training_model, batch)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"Training loss became {loss.item()} at epoch {epoch}")
