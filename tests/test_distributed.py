@@ -77,20 +77,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_ranks(target, args_of_rank=lambda rank: ()
+                ) -> list[multiprocessing.Process]:
+    """Two processes of the fork server running ``target(rank, port,
+    *args_of_rank(rank))``, started as torchrun starts ranks but without its
+    agent (which would end the others itself when one dies)."""
+    context = multiprocessing.get_context('forkserver')
+    context.set_forkserver_preload(PRELOAD)  # before the server starts
+    port = free_port()
+    processes = [context.Process(target=target,
+                                 args=(rank, port, *args_of_rank(rank)))
+                 for rank in range(2)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def end_ranks(processes: list[multiprocessing.Process]) -> None:
+    for process in processes:
+        if process.exitcode is None:
+            process.kill()  # SIGKILL ends a stopped process too
+        process.join()
+
+
 class Ranks:
-    """Two ranks of the script, started as torchrun starts them but without
-    its agent (which would end the others itself when one dies)."""
+    """Two ranks of the script (:func:`start_ranks`)."""
     def __init__(self, out: Path, *extra: str):
-        context = multiprocessing.get_context('forkserver')
-        context.set_forkserver_preload(PRELOAD)  # before the server starts
-        port = free_port()
         self.logs = [out.parent / f'{out.name}-rank{rank}.log' for rank in range(2)]
-        self.processes = [context.Process(
-            target=run_rank,
-            args=(rank, port, [*ARGS, '--out', str(out), *extra], str(log)))
-            for rank, log in enumerate(self.logs)]
-        for process in self.processes:
-            process.start()
+        argv = [*ARGS, '--out', str(out), *extra]
+        self.processes = start_ranks(
+            run_rank, lambda rank: (argv, str(self.logs[rank])))
 
     def log(self, rank: int) -> str:
         return self.logs[rank].read_text()
@@ -112,10 +128,7 @@ class Ranks:
             time.sleep(0.01)
 
     def end(self) -> None:
-        for process in self.processes:
-            if process.exitcode is None:
-                process.kill()  # SIGKILL ends a stopped process too
-            process.join()
+        end_ranks(self.processes)
 
 
 def model_state(run: Path) -> dict[str, torch.Tensor]:
@@ -255,18 +268,10 @@ def test_leaving_the_group_after_training_ends_its_threads():
     destructor that holds the GIL while gloo's ending threads wait for the
     GIL, hung rank 0 after its last line (1 run in about 30 of the torchrun
     test on two busy cores)."""
-    context = multiprocessing.get_context('forkserver')
-    context.set_forkserver_preload(PRELOAD)
-    port = free_port()
-    ranks = [context.Process(target=fit_in_a_group_then_count_gloo_threads,
-                             args=(rank, port)) for rank in range(2)]
-    for rank in ranks:
-        rank.start()
+    ranks = start_ranks(fit_in_a_group_then_count_gloo_threads)
     for rank in ranks:
         rank.join(120)
-        if rank.exitcode is None:
-            rank.kill()
-            rank.join()
+    end_ranks(ranks)
     assert [rank.exitcode for rank in ranks] == [0, 0]
 
 

@@ -179,9 +179,8 @@ class Trainer:
                    disable=not (self.progress and self.distributed.is_main),
                    leave=False, dynamic_ncols=True)
         # What `step` runs: DDP around the model where there are several
-        # ranks, for these epochs only. Its reducer holds the process group;
-        # one that outlived the group would free the group's last reference
-        # later, holding the GIL while gloo's threads, ending, wait for it.
+        # ranks, for these epochs only (it holds the process group, which
+        # must end with process_group's block: see there).
         training_model = self.distributed.wrap(self.model)
         with denormals_flushed(self.flush_denormals):
             for epoch in bar:
