@@ -170,6 +170,29 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
         carried(values, broken, mesh)
 
 
+def test_corner_logits_are_what_the_subdivided_corner_faces_read_out():
+    """corner_logits (human_seg's corner_loss) gives every face the logits
+    that its three corner faces of a Loop subdivision read out from vertex
+    values carried to the copy (the corner faces are rows 4i to 4i + 2 of
+    face i, in the order of its vertices); the middle face reads the face's
+    own."""
+    from pyg_metric_attn.experiments.human_seg_robust import carried
+    from pyg_metric_attn.training.segmentation import corner_logits, face_logits
+
+    pos, face, _ = labelled_capsule()
+    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
+                                             np.random.default_rng(0))
+    copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
+                                source_face=source))
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
+    values = torch.randn(len(pos), 5, dtype=torch.float64)
+    fine = face_logits(carried(values, copy, mesh), copy.face).view(-1, 4, 5)
+    corners = corner_logits(values, mesh.face)
+    assert corners.shape == (3, len(face), 5)
+    torch.testing.assert_close(corners, fine[:, :3].transpose(0, 1))
+    torch.testing.assert_close(fine[:, 3], face_logits(values, mesh.face))
+
+
 def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         monkeypatch, tmp_path):
     """human_seg_robust reads, for Loop subdivision and decimation, the

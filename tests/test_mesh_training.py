@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import trimesh
 from matplotlib.figure import Figure
 from torch_geometric.data import Batch, Data
@@ -518,6 +519,37 @@ def test_label_smoothing_mixes_the_label_with_the_uniform_target(synthetic_root)
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match='label_smoothing'):
         HumanSegTask(label_smoothing=1.0, **SMALL)
+
+
+def test_corner_loss_adds_the_cross_entropy_at_the_faces_corners(synthetic_root):
+    """corner_loss=w adds w times the mean cross entropy over every face's
+    three corner points (barycentric 2/3, 1/6, 1/6), each with its face's
+    label."""
+    meshes = HumanSegTask(progress=False, synthetic_root=str(synthetic_root),
+                          **SMALL).datasets()[0]
+    batch = Batch.from_data_list(list(meshes[:2]))
+    vertex_logits = 3 * torch.randn(batch.num_nodes, len(BODY_PARTS),
+                                    generator=torch.Generator().manual_seed(0))
+
+    class FixedLogits(torch.nn.Module):
+        def forward(self, x, edge_index):
+            return vertex_logits
+
+    losses = {weight: HumanSegTask(progress=False, corner_loss=weight,
+                                   synthetic_root=str(synthetic_root), **SMALL
+                                   ).training_loss(FixedLogits(), batch)
+              for weight in (0.0, 0.5)}
+    corner = torch.tensor([[4.0, 1, 1], [1, 4, 1], [1, 1, 4]]) / 6
+    points = torch.einsum('kj,jfc->kfc', corner, vertex_logits[batch.face])
+    corner_entropy = F.cross_entropy(points.flatten(0, 1),
+                                     batch.y.expand(3, -1).flatten())
+    face_entropy = F.cross_entropy(face_logits(vertex_logits, batch.face),
+                                   batch.y)
+    assert abs(float(corner_entropy - face_entropy)) > 0.1  # they differ here
+    torch.testing.assert_close(losses[0.0], face_entropy)
+    torch.testing.assert_close(losses[0.5], face_entropy + 0.5 * corner_entropy)
+    with pytest.raises(ValueError, match='corner_loss'):
+        HumanSegTask(corner_loss=-1.0, **SMALL)
 
 
 def test_train_resume_evaluate_predict_commands(synthetic_root, tmp_path, capsys):

@@ -53,12 +53,13 @@ copies would be the same mesh; processed once and cached as
 :class:`~pyg_metric_attn.datasets.PerturbedMeshes` under the processed
 files' ``augmentation/``), and every epoch each training mesh is itself or
 one of its copies, drawn uniformly (:class:`~pyg_metric_attn.datasets.RandomCopies`):
-geometric augmentation for any inputs. ``label_smoothing > 0`` smooths
-the training targets (:meth:`HumanSegTask.training_loss`; evaluation losses
-stay plain cross entropy). With ``val_fraction > 0`` a seeded share of the
-training meshes is held out and evaluated instead of the test set (for tuning
-without the test set); with ``val_source=PREFIX`` the training meshes whose
-names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
+geometric augmentation for any inputs. ``label_smoothing > 0`` smooths the
+training targets and ``corner_loss > 0`` adds a cross entropy at every face's
+corner points (:meth:`HumanSegTask.training_loss`; evaluation losses stay
+plain cross entropy over the faces). With ``val_fraction > 0`` a seeded share
+of the training meshes is held out and evaluated instead of the test set (for
+tuning without the test set); with ``val_source=PREFIX`` the training meshes
+whose names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
 benchmark, so that validation sees people the training did not, as the test
 set does). Otherwise the test set is evaluated after every epoch and the last
 epoch is reported (no model selection on the test set).
@@ -111,7 +112,11 @@ from pyg_metric_attn.training import (
     strided_share,
     unwrap,
 )
-from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.training.segmentation import (
+    SegmentationMeter,
+    corner_logits,
+    face_logits,
+)
 from pyg_metric_attn.training.weight_decay import weight_decay_groups
 from pyg_metric_attn.transforms import (
     MeshPreprocessing,
@@ -181,6 +186,10 @@ class HumanSegConfig(TaskConfig):
     #: (MeshPreprocessing's smoothing).
     mesh_smoothing: int = setting(0, ge=0)
     label_smoothing: float = setting(0.0, ge=0, lt=1)
+    #: Weight of a second cross entropy, at every face's three corner points
+    #: (corner_logits: where one Loop subdivision step puts the centroids of
+    #: its corner faces), added to the faces' own.
+    corner_loss: float = setting(0.0, ge=0)
     val_fraction: float = setting(0.0, ge=0, lt=1)
     val_source: str | None = None
     data_seed: int = 0
@@ -493,10 +502,23 @@ class HumanSegTask(Task):
         r"""Cross entropy over the faces of augmented inputs; with
         ``label_smoothing`` :math:`\varepsilon` each face's target puts
         :math:`1 - \varepsilon` on its label and spreads :math:`\varepsilon`
-        evenly over all classes."""
-        logits = face_logits(self.forward(model, batch, augment=True), batch.face)
-        return F.cross_entropy(logits, batch.y,
-                               label_smoothing=self.config.label_smoothing)
+        evenly over all classes. With ``corner_loss`` :math:`\lambda > 0`
+        plus :math:`\lambda` times the cross entropy over the faces' corner
+        points (:func:`~pyg_metric_attn.training.segmentation.corner_logits`,
+        each with its face's label): it asks every face's label of the
+        logits across the face, not at its centroid alone, which is what the
+        corner faces of a subdivided copy read out from a model subdivision
+        does not change."""
+        c = self.config
+        vertex_logits = self.forward(model, batch, augment=True)
+        loss = F.cross_entropy(face_logits(vertex_logits, batch.face), batch.y,
+                               label_smoothing=c.label_smoothing)
+        if c.corner_loss:
+            corners = corner_logits(vertex_logits, batch.face)
+            loss = loss + c.corner_loss * F.cross_entropy(
+                corners.flatten(0, 1), batch.y.repeat(3),
+                label_smoothing=c.label_smoothing)
+        return loss
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Adam:
         """Adam with the config's learning rate and weight decay (the
