@@ -505,10 +505,10 @@ class HumanSegTask(Task):
         evenly over all classes. With ``corner_loss`` :math:`\lambda > 0`
         plus :math:`\lambda` times the cross entropy over the faces' corner
         points (:func:`~pyg_metric_attn.training.segmentation.corner_logits`,
-        each with its face's label): it asks every face's label of the
-        logits across the face, not at its centroid alone, which is what the
-        corner faces of a subdivided copy read out from a model subdivision
-        does not change."""
+        each with its face's label), so that a face's label holds across
+        the face and not at its centroid alone: the corner points are what
+        the corner faces of a Loop-subdivided copy read out from a model
+        that subdivision does not change."""
         c = self.config
         vertex_logits = self.forward(model, batch, augment=True)
         loss = F.cross_entropy(face_logits(vertex_logits, batch.face), batch.y,
