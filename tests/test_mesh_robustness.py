@@ -193,6 +193,40 @@ def test_corner_logits_are_what_the_subdivided_corner_faces_read_out():
     torch.testing.assert_close(fine[:, 3], face_logits(values, mesh.face))
 
 
+def test_the_subdivision_readout_floor_is_read_off_the_original_mesh():
+    """benchmarks/mesh_readout_floor counts the hits of vertex logits on a
+    Loop-subdivided copy (carried unchanged, each fine face with its
+    parent's label) from the original mesh alone, so it reads the floor on
+    the training meshes too; free logits fitted to the labels fit every
+    face, and lose less on the finer faces when fitted at the corners too."""
+    from benchmarks.mesh_readout_floor import free_floor, subdivided_hits
+    from pyg_metric_attn.experiments.human_seg_robust import carried
+    from pyg_metric_attn.training.segmentation import face_logits
+
+    pos, face, _ = labelled_capsule()
+    # Jagged band borders, as drawn human_seg labels are.
+    heights = pos[face].mean(axis=1)[:, 2]
+    labels = np.digitize(heights + 0.2 * np.random.default_rng(0).standard_normal(
+        len(face)), [-0.5, 0.5])
+    mesh = PREPROCESS(mesh_data(pos, face, 'capsule', face_labels=labels))
+    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
+                                             np.random.default_rng(0))
+    copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
+                                face_labels=labels[source], source_face=source))
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(len(pos), 3, generator=generator, dtype=torch.float64)
+    at_faces, at_subdivided = subdivided_hits(values, mesh.face, mesh.y)
+    assert at_faces == int((face_logits(values, mesh.face).argmax(-1)
+                            == mesh.y).sum())
+    fine = face_logits(carried(values, copy, mesh), copy.face).argmax(-1)
+    assert at_subdivided == int((fine == copy.y).sum())
+    centroids, corners = (free_floor([mesh], weight, steps=300)
+                          for weight in (0.0, 1.0))
+    assert centroids['faces_acc'] == corners['faces_acc'] == 100
+    assert centroids['floor'] > 0.5  # corner faces at the borders lean
+    assert corners['floor'] < centroids['floor'] / 2
+
+
 def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         monkeypatch, tmp_path):
     """human_seg_robust reads, for Loop subdivision and decimation, the
@@ -436,6 +470,17 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     from benchmarks.mesh_input_transplant import plot
     plot({str(run): drops}, 'test', tmp_path / 'transplant.png')
     assert (tmp_path / 'transplant.png').stat().st_size > 0
+    # The subdivision readout floor read off the original meshes is the one
+    # the experiment reads on real subdivided copies.
+    from benchmarks import mesh_readout_floor
+    floors = mesh_readout_floor.readout_floors([str(run)], 'test', steps=20,
+                                               progress=False)
+    assert floors[str(run)]['floor'] == pytest.approx(
+        rows['subdivision']['readout_floor'])
+    assert set(floors) == {str(run), *mesh_readout_floor.FREE_FITS}
+    assert '| run |' in mesh_readout_floor.markdown(floors, 'test')
+    mesh_readout_floor.plot(floors, 'test', tmp_path / 'floor.png')
+    assert (tmp_path / 'floor.png').stat().st_size > 0
     # What denormals cost the same run's steps: both settings measured.
     from benchmarks.denormal_steps import denormal_count, markdown, measure
     cost = measure(str(run), meshes=1, repeats=1, progress=False)
