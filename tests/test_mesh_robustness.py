@@ -227,6 +227,30 @@ def test_the_subdivision_readout_floor_is_read_off_the_original_mesh():
     assert corners['floor'] < centroids['floor'] / 2
 
 
+def test_a_heat_step_smooths_logits_and_keeps_their_area_weighted_mean():
+    """benchmarks/mesh_logit_smoothing diffuses vertex logits by one
+    implicit heat step: time 0 gives them back, constants stay, the
+    area-weighted mean stays, a spike spreads to its neighbours, and the
+    longer the time the smoother."""
+    from benchmarks.mesh_logit_smoothing import heat_steps
+    from pyg_metric_attn.geometry.laplacian import laplacian
+
+    pos, face, _ = labelled_capsule()
+    pos, face = torch.from_numpy(pos), torch.from_numpy(face).t()
+    spike = torch.zeros(len(pos), 2)
+    spike[0, 0], spike[:, 1] = 1.0, 3.0
+    same, short, long = heat_steps(spike, pos, face, [0.0, 1e-3, 1e-1])
+    assert torch.equal(same, spike) and short.dtype == spike.dtype
+    torch.testing.assert_close(long[:, 1], spike[:, 1])
+    mass = torch.from_numpy(laplacian(pos.numpy(), face.t().numpy())[1]).float()
+    for smoothed in (short, long):
+        torch.testing.assert_close(mass @ smoothed, mass @ spike)
+    ring = face[:, (face == 0).any(dim=0)].unique()
+    assert short[0, 0] < 1 and bool((short[ring[ring != 0], 0] > 0).all())
+    assert long[:, 0].std() < short[:, 0].std()
+    with pytest.raises(ValueError, match="time must be >= 0"):
+        heat_steps(spike, pos, face, [-1e-3])
+
 def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         monkeypatch, tmp_path):
     """human_seg_robust reads, for Loop subdivision and decimation, the
@@ -481,6 +505,19 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
     assert '| run |' in mesh_readout_floor.markdown(floors, 'test')
     mesh_readout_floor.plot(floors, 'test', tmp_path / 'floor.png')
     assert (tmp_path / 'floor.png').stat().st_size > 0
+    # Logits smoothed for no time read what the experiment reads.
+    from benchmarks import mesh_logit_smoothing
+    smoothing = mesh_logit_smoothing.smoothing_drops(
+        str(run), 'test', ['subdivision', 'jitter'], [0.0, 1e-3], progress=False)
+    assert smoothing['original'][0] == pytest.approx(
+        100 * rows['original']['face_acc'])
+    for kind in ('subdivision', 'jitter'):
+        assert smoothing[kind][0] == pytest.approx(rows[kind]['drop'])
+    assert '| 0.001 |' in mesh_logit_smoothing.markdown(
+        smoothing, [0.0, 1e-3], str(run), 'test')
+    mesh_logit_smoothing.plot(smoothing, [0.0, 1e-3], str(run),
+                              tmp_path / 'smoothing.png')
+    assert (tmp_path / 'smoothing.png').stat().st_size > 0
     # What denormals cost the same run's steps: both settings measured.
     from benchmarks.denormal_steps import denormal_count, markdown, measure
     cost = measure(str(run), meshes=1, repeats=1, progress=False)
