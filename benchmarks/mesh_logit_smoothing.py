@@ -14,7 +14,7 @@ perturbed copies of ``experiment human_seg_robust`` (seed 0, read from or
 written to the run's processed folder); ``tau = 0`` reads exactly what that
 experiment reads.
 
-    python -m benchmarks.mesh_logit_smoothing RUN [--split val] \\
+    python -m benchmarks.mesh_logit_smoothing RUN [RUN ...] [--split val] \\
         [--perturbations subdivision,decimation,jitter] \\
         [--taus 0,1e-5,3e-5,1e-4,3e-4,1e-3] [--out FOLDER] [--threads 1]
 
@@ -23,7 +23,6 @@ Writes ``smoothing.md``, ``smoothing.json`` and ``smoothing.png`` to
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -33,9 +32,11 @@ import scipy.sparse.linalg as spl
 import torch
 from tqdm.auto import tqdm
 
+from benchmarks.mesh_feature_drift import parse_arguments
 from pyg_metric_attn.datasets import PerturbedMeshes
 from pyg_metric_attn.experiments.human_seg_robust import split_meshes
 from pyg_metric_attn.experiments.run_folder import load_run
+from pyg_metric_attn.geometry import PERTURBATIONS
 from pyg_metric_attn.geometry.laplacian import laplacian
 from pyg_metric_attn.training.segmentation import face_logits
 
@@ -99,72 +100,76 @@ def smoothing_drops(run: str, split: str, perturbations: list[str],
     return results
 
 
-def markdown(results: dict[str, list[float]], taus: list[float], run: str,
+def markdown(results: dict[str, dict[str, list[float]]], taus: list[float],
              split: str) -> str:
-    """The table of :func:`smoothing_drops`: one row per ``tau``."""
-    kinds = [kind for kind in results if kind != 'original']
-    lines = [f'{Path(run).name} on the {split} meshes: vertex logits '
-             'smoothed by one implicit heat step (M + tau L)^-1 M z before '
-             'the face readout; accuracy (%) on the original meshes and drop '
-             '(points) of each perturbation (seed 0).', '',
-             '| tau | original % | ' + ' | '.join(kinds) + ' |',
-             '|---|---|' + '---|' * len(kinds)]
-    for index, tau in enumerate(taus):
-        lines.append(f"| {tau:g} | {results['original'][index]:.2f} | "
-                     + ' | '.join(f'{results[kind][index]:.2f}'
-                                  for kind in kinds) + ' |')
+    """The table of :func:`smoothing_drops` of each run: one row per run
+    and ``tau``."""
+    kinds = list(dict.fromkeys(kind for result in results.values()
+                               for kind in result if kind != 'original'))
+    lines = [f'Vertex logits smoothed by one implicit heat step '
+             f'(M + tau L)^-1 M z before the face readout, {split} meshes: '
+             'accuracy (%) on the original meshes and drop (points) of each '
+             'perturbation (seed 0).', '',
+             '| run | tau | original % | ' + ' | '.join(kinds) + ' |',
+             '|---|---|---|' + '---|' * len(kinds)]
+    for run, result in results.items():
+        for index, tau in enumerate(taus):
+            lines.append(f"| {Path(run).name} | {tau:g} | "
+                         f"{result['original'][index]:.2f} | " + ' | '.join(
+                             f'{result[kind][index]:.2f}' if kind in result
+                             else '-' for kind in kinds) + ' |')
     return '\n'.join(lines) + '\n'
 
 
-def plot(results: dict[str, list[float]], taus: list[float], run: str,
+def plot(results: dict[str, dict[str, list[float]]], taus: list[float],
          path: Path) -> None:
-    """Accuracy and drops against ``tau`` (``tau = 0`` at the left edge)."""
+    """Accuracy and drops against ``tau`` (``tau = 0`` at the left edge),
+    one line style per run."""
     import matplotlib
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     x = range(len(taus))
-    fig, (acc_axes, drop_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    acc_axes.plot(x, results['original'], marker='o')
+    fig, (acc_axes, drop_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    colors, styles = plt.get_cmap('tab10').colors, ('-', '--', ':', '-.')
+    for index, (run, result) in enumerate(results.items()):
+        name, style = Path(run).name, styles[index % len(styles)]
+        acc_axes.plot(x, result['original'], style, marker='o', label=name)
+        kinds = [kind for kind in result if kind != 'original']
+        for color, kind in enumerate(kinds):
+            drop_axes.plot(x, result[kind], style, marker='o',
+                           color=colors[color % len(colors)],
+                           label=f'{name}: {kind}')
     acc_axes.set(ylabel='original meshes, face accuracy (%)')
-    for kind, drops in results.items():
-        if kind != 'original':
-            drop_axes.plot(x, drops, marker='o', label=kind)
     drop_axes.set(ylabel='drop (points)')
-    drop_axes.legend()
     for axes in (acc_axes, drop_axes):
         axes.set_xticks(list(x), [f'{tau:g}' for tau in taus])
         axes.set_xlabel('heat step time tau')
-    fig.suptitle(f'{Path(run).name}: logits smoothed before the readout')
+        axes.legend(fontsize=7)
+    fig.suptitle('human_seg: vertex logits smoothed before the readout')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument('run', metavar='RUN')
-    parser.add_argument('--split', choices=('test', 'val'), default='val')
-    parser.add_argument('--perturbations',
-                        default='subdivision,decimation,jitter')
-    parser.add_argument('--taus', default=','.join(f'{tau:g}' for tau in TAUS),
-                        help='heat step times, comma-separated')
-    parser.add_argument('--out', default='runs/mesh_logit_smoothing')
-    parser.add_argument('--threads', type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args, perturbations = parse_arguments(
+        __doc__, 'subdivision,decimation,jitter', 'runs/mesh_logit_smoothing',
+        PERTURBATIONS,
+        **{'--split': dict(choices=('test', 'val'), default='val'),
+           '--taus': dict(default=','.join(f'{tau:g}' for tau in TAUS),
+                          help='heat step times, comma-separated')})
     taus = [float(tau) for tau in args.taus.split(',')]
-    results = smoothing_drops(args.run, args.split,
-                              args.perturbations.split(','), taus)
+    results = {run: smoothing_drops(run, args.split, perturbations, taus)
+               for run in args.runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(results, taus, args.run, args.split)
+    table = markdown(results, taus, args.split)
     (out / 'smoothing.md').write_text(table)
     (out / 'smoothing.json').write_text(json.dumps(
-        dict(run=args.run, split=args.split, taus=taus, **results), indent=1))
-    plot(results, taus, args.run, out / 'smoothing.png')
+        dict(split=args.split, taus=taus, runs=results), indent=1))
+    plot(results, taus, out / 'smoothing.png')
     print(table)
 
 

@@ -513,9 +513,9 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         100 * rows['original']['face_acc'])
     for kind in ('subdivision', 'jitter'):
         assert smoothing[kind][0] == pytest.approx(rows[kind]['drop'])
-    assert '| 0.001 |' in mesh_logit_smoothing.markdown(
-        smoothing, [0.0, 1e-3], str(run), 'test')
-    mesh_logit_smoothing.plot(smoothing, [0.0, 1e-3], str(run),
+    assert '| run | 0.001 |' in mesh_logit_smoothing.markdown(
+        {str(run): smoothing}, [0.0, 1e-3], 'test')
+    mesh_logit_smoothing.plot({str(run): smoothing}, [0.0, 1e-3],
                               tmp_path / 'smoothing.png')
     assert (tmp_path / 'smoothing.png').stat().st_size > 0
     # What denormals cost the same run's steps: both settings measured.
