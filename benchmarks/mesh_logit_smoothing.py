@@ -9,12 +9,15 @@ operators: :func:`~pyg_metric_attn.geometry.laplacian.laplacian`). ``tau``
 is a time in the units of the processed meshes, so the smoothing reaches
 as far on a mesh and on its finer or coarser copies: a ripple of the logits
 at a copy's own resolution is damped, the segments are not. For every
-``tau`` the run is scored on the original meshes of ``--split`` and on the
-perturbed copies of ``experiment human_seg_robust`` (seed 0, read from or
-written to the run's processed folder); ``tau = 0`` reads exactly what that
-experiment reads.
+``tau`` the run is scored on the original meshes of ``--split`` and on
+their perturbed copies (seed 0, read from or written to the run's
+processed folder): for ``test`` and ``val`` those of ``experiment
+human_seg_robust`` (``tau = 0`` reads exactly what that experiment reads);
+for ``train`` the run's training meshes and the copies its ``-o
+augment_copies`` drew first, the ones it trained on (does the model fit a
+perturbation's labels where it has seen them?).
 
-    python -m benchmarks.mesh_logit_smoothing RUN [RUN ...] [--split val] \\
+    python -m benchmarks.mesh_logit_smoothing RUN [RUN ...] [--split val|test|train] \\
         [--perturbations subdivision,decimation,jitter] \\
         [--taus 0,1e-5,3e-5,1e-4,3e-4,1e-3] [--out FOLDER] [--threads 1]
 
@@ -85,8 +88,12 @@ def smoothing_drops(run: str, split: str, perturbations: list[str],
     task, model, description = load_run(run, 'human_seg', {},
                                         command='mesh_logit_smoothing')
     print(description)
-    meshes = split_meshes(task, split)
-    variants = Path(meshes.processed_root) / 'robustness'
+    if split == 'train':
+        meshes = task.datasets()[0]
+        variants = Path(meshes.processed_root) / 'augmentation'
+    else:
+        meshes = split_meshes(task, split)
+        variants = Path(meshes.processed_root) / 'robustness'
     original = accuracies(task, model, meshes, taus, progress, 'original')
     results = {'original': original}
     for name in perturbations:
@@ -157,7 +164,7 @@ def main() -> None:
     args, perturbations = parse_arguments(
         __doc__, 'subdivision,decimation,jitter', 'runs/mesh_logit_smoothing',
         PERTURBATIONS,
-        **{'--split': dict(choices=('test', 'val'), default='val'),
+        **{'--split': dict(choices=('test', 'val', 'train'), default='val'),
            '--taus': dict(default=','.join(f'{tau:g}' for tau in TAUS),
                           help='heat step times, comma-separated')})
     taus = [float(tau) for tau in args.taus.split(',')]

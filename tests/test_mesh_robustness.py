@@ -513,6 +513,17 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
         100 * rows['original']['face_acc'])
     for kind in ('subdivision', 'jitter'):
         assert smoothing[kind][0] == pytest.approx(rows[kind]['drop'])
+    # On the training meshes, the copies training draws (seed 0) are read.
+    trained_on = mesh_logit_smoothing.smoothing_drops(
+        str(run), 'train', ['jitter'], [0.0], progress=False)
+    train_meshes = task.datasets()[0]
+    copy = PerturbedMeshes(Path(train_meshes.processed_root) / 'augmentation',
+                           train_meshes, 'jitter', 0,
+                           pre_transform=task.preprocessing, log=False)[0]
+    hits = [int((task.predict(model, mesh) == mesh.y).sum()) / mesh.y.numel()
+            for mesh in (train_meshes[0], copy)]
+    assert len(train_meshes) == 1 and trained_on['jitter'][0] == pytest.approx(
+        100 * (hits[0] - hits[1]))
     assert '| run | 0.001 |' in mesh_logit_smoothing.markdown(
         {str(run): smoothing}, [0.0, 1e-3], 'test')
     mesh_logit_smoothing.plot({str(run): smoothing}, [0.0, 1e-3],
