@@ -57,10 +57,11 @@ def heat_steps(vertex_logits: torch.Tensor, pos: torch.Tensor,
     logits = vertex_logits.double().numpy()
     L, mass, _ = laplacian(pos.double().numpy(), face.t().numpy())
     M = sp.diags(mass)
+    weighted = M @ logits
     smoothed = []
     for tau in taus:
         values = (logits if tau == 0 else
-                  spl.splu((M + tau * L).tocsc()).solve(M @ logits))
+                  spl.splu((M + tau * L).tocsc()).solve(weighted))
         smoothed.append(torch.from_numpy(np.ascontiguousarray(values)).to(
             vertex_logits.dtype))
     return smoothed

@@ -251,6 +251,7 @@ def test_a_heat_step_smooths_logits_and_keeps_their_area_weighted_mean():
     with pytest.raises(ValueError, match="time must be >= 0"):
         heat_steps(spike, pos, face, [-1e-3])
 
+
 def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         monkeypatch, tmp_path):
     """human_seg_robust reads, for Loop subdivision and decimation, the
