@@ -699,3 +699,76 @@ def test_the_example_is_the_copy_with_the_most_changed_predictions(tmp_path):
     # Where no copy changed a prediction there is nothing to show.
     assert write_example(copies[2:], originals[2:], predictions[2:], tmp_path,
                          'rotation') is None
+
+
+def test_fine_tuning_with_the_subdivision_consistency_term(tmp_path):
+    """benchmarks/mesh_subdivision_consistency: the term is the KL divergence
+    of the carried original logits to the copy's; fine-tuning with it makes
+    the model's predictions on the subdivided training copies closer to its
+    own on the originals than the same fine-tuning without it."""
+    from benchmarks import mesh_subdivision_consistency as consistency
+    from pyg_metric_attn.experiments.human_seg_robust import carried, score
+    from pyg_metric_attn.experiments.run_folder import load_run
+
+    torch.manual_seed(0)
+    student, teacher = torch.randn(5, 4), torch.randn(5, 4)
+    assert float(consistency.consistency_term(
+        student, student + torch.randn(5, 1))) == pytest.approx(0, abs=1e-6)
+    by_hand = (teacher.softmax(-1) * (teacher.log_softmax(-1)
+                                      - student.log_softmax(-1))).sum(-1).mean()
+    assert float(consistency.consistency_term(student, teacher)) == \
+        pytest.approx(float(by_hand))
+    with pytest.raises(ValueError, match='differ in shape'):
+        consistency.consistency_term(student, teacher[:4])
+    with pytest.raises(ValueError, match='no Loop-subdivided training copies'):
+        consistency.subdivided_source([])
+
+    root = tmp_path / 'synthetic'
+    SyntheticHumans(str(root), 'test', 1, num_workers=1,
+                    pre_transform=MeshPreprocessing(32, 16, 32, True), log=False)
+    options = [arg for key, value in dict(
+        synthetic_root=root, synthetic_train=1, synthetic_test=1,
+        num_workers=1, k=32, batch_size=1, diffusionnet_hidden_channels=8,
+        diffusionnet_num_layers=1, augment_copies=1,
+        augment_perturbations='subdivision,jitter').items()
+        for arg in ('-o', f'{key}={value}')]
+    run = str(tmp_path / 'run')
+    assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
+                 '--out', run, '--no-progress', *options]) == 0
+    # With no learning rate the model stays as trained: the readings are
+    # those of experiment human_seg_robust.
+    still = consistency.consistency_readings(
+        run, [0.0], 1, 0.0, 'test', ['subdivision', 'jitter'], progress=False)
+    task, model, _ = load_run(run, 'human_seg', {})
+    rows = score(task, model, ['subdivision', 'jitter'], 0)
+    for ours, theirs in zip(still['0']['rows'], rows, strict=True):
+        assert ours['drop'] == pytest.approx(theirs['drop'])
+    test_meshes = task.split_meshes('test')
+    test_mesh = test_meshes[0]
+    copy = PerturbedMeshes(Path(test_meshes.processed_root) / 'robustness',
+                           test_meshes, 'subdivision', 0,
+                           pre_transform=task.preprocessing, log=False)[0]
+    assert still['0']['consistency'] == pytest.approx(float(
+        consistency.consistency_term(
+            task.vertex_scores(model, copy),
+            carried(task.vertex_scores(model, test_mesh), copy, test_mesh))))
+    # The term pulls: on the training copies it falls below what the same
+    # fine-tuning without it leaves.
+    train = task.datasets()[0]
+    copies = PerturbedMeshes(Path(train.processed_root) / 'augmentation',
+                             train, 'subdivision', 0,
+                             pre_transform=task.preprocessing, log=False)
+    before = consistency.mean_consistency(task, model, train, copies)
+    after = {}
+    for lam in (0.0, 1000.0):
+        task, model, _ = load_run(run, 'human_seg', {})
+        history = consistency.fine_tune(task, model, lam, 20, 3e-2,
+                                        progress=False)
+        assert [row['epoch'] for row in history] == list(range(1, 21))
+        assert sum(row['subdivided_steps'] for row in history) > 0
+        after[lam] = consistency.mean_consistency(task, model, train, copies)
+    assert after[1000.0] < min(before, 0.5 * after[0.0])
+    table = consistency.markdown(still, run, 'test', 1, 0.0)
+    assert '| 0 |' in table and 'subdivision floor' in table
+    consistency.plot(still, tmp_path / 'consistency.png')
+    assert (tmp_path / 'consistency.png').stat().st_size > 0

@@ -509,8 +509,12 @@ class HumanSegTask(Task):
         the face and not at its centroid alone: the corner points are what
         the corner faces of a Loop-subdivided copy read out from a model
         that subdivision does not change."""
+        return self.label_loss(self.forward(model, batch, augment=True), batch)
+
+    def label_loss(self, vertex_logits: torch.Tensor, batch) -> torch.Tensor:
+        """The loss of :meth:`training_loss` on ``batch``'s face labels, of
+        its vertex logits ``[N, classes]``."""
         c = self.config
-        vertex_logits = self.forward(model, batch, augment=True)
         loss = F.cross_entropy(face_logits(vertex_logits, batch.face), batch.y,
                                label_smoothing=c.label_smoothing)
         if c.corner_loss:
