@@ -358,17 +358,26 @@ def test_values_carried_to_a_decimated_copy_come_from_the_nearest_vertex():
                                atol=2e-3, rtol=0)
 
 
-def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
+def train_small_run(tmp_path: Path, **options) -> tuple[Path, Path]:
+    """``(run folder, synthetic root)`` of a one-epoch DiffusionNet of 8
+    channels trained on one synthetic humanoid (one more to test on), with
+    the task ``options`` besides."""
     root = tmp_path / 'synthetic'
     SyntheticHumans(str(root), 'test', 1, num_workers=1,
                     pre_transform=MeshPreprocessing(32, 16, 32, True), log=False)
-    options = [arg for key, value in dict(
+    arguments = [arg for key, value in dict(
         synthetic_root=root, synthetic_train=1, synthetic_test=1,
         num_workers=1, k=32, batch_size=1, diffusionnet_hidden_channels=8,
-        diffusionnet_num_layers=1).items() for arg in ('-o', f'{key}={value}')]
+        diffusionnet_num_layers=1, **options).items()
+        for arg in ('-o', f'{key}={value}')]
     run = tmp_path / 'run'
     assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
-                 '--out', str(run), '--no-progress', *options]) == 0
+                 '--out', str(run), '--no-progress', *arguments]) == 0
+    return run, root
+
+
+def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
+    run, root = train_small_run(tmp_path)
     out = tmp_path / 'robust'
     assert main(['experiment', 'human_seg_robust', str(run), '--out', str(out),
                  '--no-progress']) == 0
@@ -723,18 +732,8 @@ def test_fine_tuning_with_the_subdivision_consistency_term(tmp_path):
     with pytest.raises(ValueError, match='no Loop-subdivided training copies'):
         consistency.subdivided_source([])
 
-    root = tmp_path / 'synthetic'
-    SyntheticHumans(str(root), 'test', 1, num_workers=1,
-                    pre_transform=MeshPreprocessing(32, 16, 32, True), log=False)
-    options = [arg for key, value in dict(
-        synthetic_root=root, synthetic_train=1, synthetic_test=1,
-        num_workers=1, k=32, batch_size=1, diffusionnet_hidden_channels=8,
-        diffusionnet_num_layers=1, augment_copies=1,
-        augment_perturbations='subdivision,jitter').items()
-        for arg in ('-o', f'{key}={value}')]
-    run = str(tmp_path / 'run')
-    assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
-                 '--out', run, '--no-progress', *options]) == 0
+    run = str(train_small_run(tmp_path, augment_copies=1,
+                              augment_perturbations='subdivision,jitter')[0])
     # With no learning rate the model stays as trained: the readings are
     # those of experiment human_seg_robust.
     still = consistency.consistency_readings(
