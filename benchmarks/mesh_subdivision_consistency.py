@@ -81,9 +81,8 @@ def subdivided_source(training_set: Any) -> int:
 def teacher_logits(task: Any, model: torch.nn.Module, mesh: Data,
                    copy: Data) -> torch.Tensor:
     """The model's vertex logits on the original ``mesh`` (eval mode, no
-    gradient) carried to its subdivided ``copy``, on the model's device."""
-    return task.placement.move(carried(task.vertex_scores(model, mesh), copy,
-                                       mesh))
+    gradient) carried to its subdivided ``copy`` (on the CPU)."""
+    return carried(task.vertex_scores(model, mesh), copy, mesh)
 
 
 def fine_tune(task: Any, model: torch.nn.Module, lam: float, epochs: int,
@@ -119,19 +118,16 @@ def _epoch(task: Any, model: torch.nn.Module, lam: float, training_set: Any,
            subdivided: int, optimizer: torch.optim.Optimizer,
            scheduler: Any, bar: Any) -> dict[str, float]:
     """One epoch of :func:`fine_tune`."""
-    sources, keys = training_set.sources, training_set.keys
     total, terms = 0.0, []
     for index in torch.randperm(len(training_set)).tolist():
-        choice = int(torch.randint(len(sources), ()))
-        data = sources[choice][index]
-        batch = task.placement.move(Batch.from_data_list(
-            [Data.from_dict({key: data[key] for key in keys})]))
+        choice, data = training_set.draw(index)
+        batch = task.placement.move(Batch.from_data_list([data]))
         model.train()
         logits = task.forward(model, batch, augment=True)
         loss = task.label_loss(logits, batch)
         if choice == subdivided:
-            term = consistency_term(logits, teacher_logits(
-                task, model, sources[0][index], data))
+            term = consistency_term(logits, task.placement.move(teacher_logits(
+                task, model, training_set.sources[0][index], data)))
             terms.append(float(term.detach()))
             if lam:
                 loss = loss + lam * term
@@ -150,10 +146,9 @@ def mean_consistency(task: Any, model: torch.nn.Module, meshes: Any,
                      copies: Any) -> float:
     """The consistency term's mean over ``meshes`` and their subdivided
     ``copies``, the model in eval mode."""
-    terms = [float(consistency_term(
-        task.vertex_scores(model, copy),
-        carried(task.vertex_scores(model, mesh), copy, mesh)))
-        for mesh, copy in zip(meshes, copies, strict=True)]
+    terms = [float(consistency_term(task.vertex_scores(model, copy),
+                                    teacher_logits(task, model, mesh, copy)))
+             for mesh, copy in zip(meshes, copies, strict=True)]
     return sum(terms) / len(terms)
 
 
