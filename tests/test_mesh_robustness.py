@@ -771,3 +771,85 @@ def test_fine_tuning_with_the_subdivision_consistency_term(tmp_path):
     assert '| 0 |' in table and 'subdivision floor' in table
     consistency.plot(still, tmp_path / 'consistency.png')
     assert (tmp_path / 'consistency.png').stat().st_size > 0
+
+
+def test_prediction_at_the_training_resolution_carries_back_by_position():
+    """benchmarks/mesh_inference_variants, coarsened: a mesh no finer than
+    1.5x the training meshes is predicted as it is; a finer one is
+    decimated to their face count, predicted there, and its faces take the
+    prediction of the nearest decimated face: a prediction that depends on
+    position only is kept but near its border."""
+    from types import SimpleNamespace
+
+    from torch_geometric.data import Data
+
+    from benchmarks.mesh_inference_variants import at_training_resolution
+
+    pos, face, _ = labelled_capsule()
+    sizes = []
+
+    def predict(model, mesh):  # a side of the plane z = 0.1
+        sizes.append(mesh.face.size(1))
+        return (mesh.pos[mesh.face].mean(dim=0)[:, 2] > 0.1).long()
+
+    task = SimpleNamespace(
+        predict=predict, prepare_mesh=lambda pos, face, name: Data(
+            pos=torch.from_numpy(pos), face=torch.from_numpy(face).t(),
+            name=name))
+    mesh = task.prepare_mesh(pos, face, 'capsule')
+    assert torch.equal(at_training_resolution(task, None, mesh, len(face)),
+                       predict(None, mesh))
+    fine_pos, fine_face, _ = perturb_mesh(pos, face, 'subdivision',
+                                          np.random.default_rng(0))
+    fine = task.prepare_mesh(fine_pos, fine_face, 'subdivided')
+    sizes.clear()
+    carried = at_training_resolution(task, None, fine, len(face))
+    assert carried.shape == (len(fine_face),)
+    assert abs(sizes[0] - len(face)) < 0.05 * len(face)  # predicted coarse
+    assert (carried == predict(None, fine)).float().mean() > 0.95
+
+
+def test_inference_variants_of_a_trained_run(tmp_path):
+    """benchmarks/mesh_inference_variants: without deformed copies the
+    average is the plain prediction, and the plain one reads what
+    human_seg_robust reads; averaging over rotated copies changes nothing
+    for a model on HKS; a deformation that changes the faces is refused;
+    meshes no finer than the training meshes are not coarsened."""
+    from benchmarks import mesh_inference_variants as variants
+    from pyg_metric_attn.experiments.human_seg_robust import score
+    from pyg_metric_attn.experiments.run_folder import load_run
+
+    run, _ = train_small_run(tmp_path)
+    read = variants.variant_drops(str(run), 'test', ['subdivision', 'jitter'],
+                                  0, ['jitter'], progress=False)
+    task, model, _ = load_run(str(run), 'human_seg', {}, command='test')
+    model.eval()
+    rows = {row['perturbation']: row for row in score(
+        task, model, ['subdivision', 'jitter'], 0)}
+    assert read['original']['plain'] == pytest.approx(
+        100 * rows['original']['face_acc'])
+    for kind in ('subdivision', 'jitter'):
+        assert read[kind]['plain'] == pytest.approx(rows[kind]['drop'])
+        assert read[kind]['averaged'] == read[kind]['plain']
+    # The test humanoid and its jittered copy are as fine as the training one.
+    for name in ('original', 'jitter'):
+        assert read[name]['coarsened'] == read[name]['plain']
+    meshes = task.split_meshes('test')
+    cache = tmp_path / 'averaging'
+    plain = variants.averaged_probabilities(task, model, meshes, [], 0, cache)
+    rotated = variants.averaged_probabilities(task, model, meshes,
+                                              ['rotation'], 2, cache)
+    jittered = variants.averaged_probabilities(task, model, meshes,
+                                               ['jitter'], 2, cache)
+    torch.testing.assert_close(rotated, plain, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(jittered[0], plain[0], atol=1e-4)
+    torch.testing.assert_close(jittered[0].sum(-1),
+                               torch.ones(len(jittered[0])))
+    with pytest.raises(ValueError, match="changes the faces"):
+        variants.averaged_probabilities(task, model, meshes, ['decimation'],
+                                        1, cache)
+    results = {str(run): read}
+    assert '| run | averaged |' in variants.markdown(results, 'test', 0,
+                                                     ['jitter'])
+    variants.plot(results, tmp_path / 'variants.png')
+    assert (tmp_path / 'variants.png').stat().st_size > 0
