@@ -172,28 +172,31 @@ def markdown(results: dict[str, dict], split: str, copies: int,
 
 
 def plot(results: dict[str, dict], path: Path) -> None:
-    """The drops of each perturbation, one group of bars per run and
-    perturbation, a bar per variant."""
+    """The drops of each perturbation, a panel per run, a bar per
+    variant."""
     import matplotlib
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    groups = [(run, name) for run, result in results.items()
-              for name in result if name not in ('original', 'training_faces')]
-    fig, axes = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
+    fig, panels = plt.subplots(1, len(results), sharey=True, squeeze=False,
+                               figsize=(4.5 * len(results), 4))
     width = 0.8 / len(VARIANTS)
-    for offset, variant in enumerate(VARIANTS):
-        axes.bar([index + (offset - 1) * width for index in range(len(groups))],
-                 [results[run][name][variant] for run, name in groups],
-                 width, label=variant)
-    axes.set_xticks(range(len(groups)),
-                    [f'{Path(run).name}\n{name}' for run, name in groups],
-                    fontsize=7)
-    axes.set_ylabel('drop (points)')
-    axes.axhline(0.5, color='grey', linestyle=':', label='target 0.5')
-    axes.legend(fontsize=8)
-    axes.set_title('human_seg: drops under perturbation, by inference variant')
+    for axes, (run, result) in zip(panels[0], results.items(), strict=True):
+        sets = [name for name in result
+                if name not in ('original', 'training_faces')]
+        for offset, variant in enumerate(VARIANTS):
+            axes.bar([index + (offset - 1) * width
+                      for index in range(len(sets))],
+                     [result[name][variant] for name in sets], width,
+                     label=variant)
+        axes.set_xticks(range(len(sets)),
+                        [name.replace('_', '\n') for name in sets], fontsize=8)
+        axes.axhline(0.5, color='grey', linestyle=':', label='target 0.5')
+        axes.set_title(Path(run).name, fontsize=8)
+    panels[0][0].set_ylabel('drop (points)')
+    panels[0][0].legend(fontsize=8)
+    fig.suptitle('human_seg: drops under perturbation, by inference variant')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
