@@ -53,7 +53,7 @@ def measure(run: str, meshes: int = 16, repeats: int = 3,
     model.load_state_dict(state['model'])
     optimizer = task.build_optimizer(model)
     optimizer.load_state_dict(state['optimizer'])  # lr, moments
-    train, _ = task.datasets()
+    train = task.meshes('train')
     batches = list(itertools.islice(DataLoader(train, 1), meshes))
     start_model, start_optimizer = (copy.deepcopy(model.state_dict()),
                                     copy.deepcopy(optimizer.state_dict()))

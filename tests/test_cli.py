@@ -37,7 +37,8 @@ def test_global_flags_default():
     (['train', '-o', 'lr=abc'], "human_seg option lr='abc' must be a number"),
     (['experiment', 'moon', '-o', 'lr=abc'], "moon option lr='abc' must be a number"),
     (['train', '-o', 'hidden=6.5'], 'hidden=6.5 must be an integer'),
-    (['evaluate', 'RUN', '-o', 'former_cosine=1'], 'former_cosine=1 must be True or'),
+    (['evaluate', 'RUN', '-o', 'former_gradients=1'],
+     'former_gradients=1 must be True or'),
     (['predict', 'RUN', 'a.obj', '-o', 'hiden=3'],
      "Unknown human_seg options ['hiden']")])
 def test_bad_numbers_and_options_are_refused_at_parse_time(argv, message, capsys):
@@ -50,9 +51,10 @@ def test_bad_numbers_and_options_are_refused_at_parse_time(argv, message, capsys
 @pytest.mark.parametrize('argv,message', [
     (['experiment', 'moon', '-o', 'lr=-1'],
      'moon option lr=-1 must be above 0 (default: 0.001)'),
-    (['train', '-o', 'label_smoothing=1.5'],
-     'human_seg option label_smoothing=1.5 must be in [0, 1)'),
-    (['train', '-o', 'hks_time_jitter=0.5'], 'must be at least 1'),
+    (['train', '-o', 'val_fraction=1.5'],
+     'human_seg option val_fraction=1.5 must be in [0, 1) (default: 0.1)'),
+    (['train', '-o', 'mesh_smoothing=-1'], 'must be at least 0'),
+    (['train', '-o', 'corner_loss=1'], "Unknown human_seg options ['corner_loss']"),
     (['train', '-o', 'features=obj'],
      "human_seg option features='obj' must be 'hks' or 'xyz'"),
     (['train', '-o', 'time_scale=abc'],
@@ -80,14 +82,14 @@ def test_options_that_depend_on_each_other_are_checked_when_the_task_is_built(
     assert main(['train', '-o', 'former_heads=3', '--epochs', '1']) == 1
     assert ("human_seg option former_heads: 'hidden_channels' (64) must be "
             "divisible by 'heads' (3)") in capsys.readouterr().err
-    with pytest.raises(ValueError, match="not both"):
-        HumanSegTask(val_fraction=0.2, val_source='adobe')
+    with pytest.raises(ValueError, match="'augment_perturbations' must name"):
+        HumanSegTask(augment_perturbations='subdivision,twist')
 
 
 def test_text_options_keep_text_that_reads_as_a_number():
-    args = build_parser().parse_args(['train', '-o', 'synthetic_root=2024',
+    args = build_parser().parse_args(['train', '-o', 'processed_dir=2024',
                                       '-o', 'time_scale=matched'])
-    assert dict(args.option) == {'synthetic_root': '2024',
+    assert dict(args.option) == {'processed_dir': '2024',
                                  'time_scale': 'matched'}
 
 
@@ -103,9 +105,9 @@ def test_commands_name_their_task_or_default_to_human_seg():
 def test_options_of_the_defaults_type_pass():
     args = build_parser().parse_args([
         'train', '-o', 'lr=1', '-o', "time_scale={'metric': 2.0}",
-        '-o', 'val_source=adobe', '-o', 'former_cosine=False'])
+        '-o', 'root=adobe', '-o', 'former_gradients=False'])
     assert dict(args.option) == {'lr': 1, 'time_scale': {'metric': 2.0},
-                                 'val_source': 'adobe', 'former_cosine': False}
+                                 'root': 'adobe', 'former_gradients': False}
 
 
 @pytest.mark.parametrize('command', [['train'], ['experiment', 'human_seg']])

@@ -115,7 +115,7 @@ def test_a_task_takes_a_typed_config_and_records_its_flat_options():
         'heads': 2, 'time_scale': 1.0, 'learn_time_scale': False,
         'normalization': 'row', 'sinkhorn_iterations': 3, 'dropout': 0.0,
         'attention_dropout': 0.0, 'lr': 0.01,
-        'weight_decay': 1e-4, 'metric_mlp_weight_decay': None, 'set_size': 100,
+        'weight_decay': 1e-4, 'set_size': 100,
         'validation': 0, 'noise': 0.2, 'num_train': 400, 'num_test': 100,
         'data_seed': 0}
     with pytest.raises(ValueError, match=r'MoonConfig option lr=0 must be above 0'):

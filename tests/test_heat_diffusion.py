@@ -73,27 +73,3 @@ def test_times_are_learned_and_bad_shapes_are_named():
     with pytest.raises(ValueError, match="min_time"):
         HeatDiffusion(2, min_time=1.0, max_time=0.1)
     assert 'min_time=0.001' in repr(diffusion)
-
-
-def test_time_floor_bounds_every_learned_time():
-    L, mass, evals, evecs = full_eigenbasis(1)
-    floor = 0.02
-    diffusion = HeatDiffusion(3, min_time=0.05, max_time=0.5,
-                              time_floor=floor).double()
-    assert torch.allclose(diffusion.times,
-                          floor + torch.tensor([0.05, (0.05 * 0.5) ** 0.5, 0.5],
-                                               dtype=torch.float64))
-    # However far training pushes a time down, it stays above the floor and
-    # the diffusion is the heat flow for that time.
-    with torch.no_grad():
-        diffusion.log_time.fill_(-50.0)
-    h = torch.randn(len(mass), 3, dtype=torch.float64)
-    out = diffusion(h, torch.from_numpy(evecs), torch.from_numpy(evals)[None],
-                    torch.from_numpy(mass))
-    expected = scipy.linalg.expm(-floor * L / mass[:, None]) @ h.numpy()
-    assert np.allclose(out.detach().numpy(), expected, atol=1e-10)
-    out.square().sum().backward()
-    assert diffusion.log_time.grad is not None
-    assert 'time_floor=0.02' in repr(diffusion)
-    with pytest.raises(ValueError, match="'time_floor' must be finite and >= 0"):
-        HeatDiffusion(2, time_floor=-1e-3)

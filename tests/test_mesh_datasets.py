@@ -27,6 +27,7 @@ from pyg_metric_attn.datasets.synthetic_humans import synthetic_human
 from pyg_metric_attn.experiments.tasks.human_seg import HumanSegTask
 from pyg_metric_attn.geometry import MeshError, edge_face_counts
 from pyg_metric_attn.nn.models import MetricMeshFormerConfig
+from pyg_metric_attn.pretrained import MeshSegmenter
 from pyg_metric_attn.transforms import MeshPreprocessing
 
 #: Preprocessing with few eigenpairs (quick), by ``k``.
@@ -110,7 +111,7 @@ def test_a_benchmark_file_through_the_preprocessing_equals_the_item(
     task = HumanSegTask(root=str(human_seg_root), k=32, num_workers=1,
                         processed_dir=str(tmp_path / 'processed'),
                         former=former, progress=False)
-    (item,) = task.datasets()[1]
+    (item,) = task.meshes('test')
     path = human_seg_root / 'test' / 'shrec__5.obj'
     pos, face = read_mesh(path)
     mesh = task.preprocessing(mesh_data(
@@ -127,11 +128,12 @@ def test_a_benchmark_file_through_the_preprocessing_equals_the_item(
     model = task.build_model('metricformer')
     predicted = []
 
-    def recorded_predict(model, mesh):
+    def recorded_predict(segmenter, mesh):
         predicted.append(mesh)
-        return HumanSegTask.predict(task, model, mesh)
+        return predict(segmenter, mesh)
 
-    monkeypatch.setattr(task, 'predict', recorded_predict)
+    predict = MeshSegmenter.predict
+    monkeypatch.setattr(MeshSegmenter, 'predict', recorded_predict)
     out = tmp_path / 'predicted'
     out.mkdir()
     assert [str(p) for p, _ in task.predict_files(model, [path], out)] == [str(path)]
@@ -139,7 +141,7 @@ def test_a_benchmark_file_through_the_preprocessing_equals_the_item(
     labels = {'y', 'edge_label', 'edge_label_soft'}
     assert set(from_file.keys()) == set(item.keys()) - labels
     assert_same_fields(from_file, item, set(from_file.keys()) - {'name'})
-    expected = HumanSegTask.predict(task, model, item)
+    expected = task.predict(model, item)
     assert len(set(expected.tolist())) > 1  # not a constant prediction
     written = (out / 'shrec__5.txt').read_text().split()
     assert written == [str(label) for label in expected.tolist()]

@@ -109,32 +109,6 @@ def test_heat_kernel_signature_formula():
     assert heat_kernel_signature(evals, evecs, 16).shape == (5, 16)
 
 
-def test_rescaled_hks_is_the_hks_of_a_scaled_mesh():
-    import torch
-
-    from pyg_metric_attn.transforms import rescaled_heat_kernel_signatures
-
-    pos, face = sphere(2)
-    pos = pos * np.array([1.0, 0.7, 0.5])  # an ellipsoid: distinct eigenvalues
-    evals, evecs, hks = spectrum(pos, face, 24)
-    evals = torch.from_numpy(np.stack([evals, evals]))
-    evecs = torch.from_numpy(np.concatenate([evecs, evecs]))
-    batch = torch.arange(2).repeat_interleave(len(pos))
-    size = 1.5  # scaling by a: evals / a^2, mass-normalised evecs^2 / a^2
-    rescaled = rescaled_heat_kernel_signatures(
-        evals, evecs, batch, torch.tensor([1.0, size ** -2], dtype=torch.float64))
-    np.testing.assert_allclose(rescaled[:len(pos)].numpy(), hks, rtol=1e-5)
-    enlarged = spectrum(pos * size, face, 24)[2]
-    np.testing.assert_allclose(rescaled[len(pos):].numpy() / size ** 2,
-                               enlarged, rtol=1e-4)
-    with pytest.raises(ValueError, match='one positive factor per mesh'):
-        rescaled_heat_kernel_signatures(evals, evecs, batch, torch.ones(3))
-    with pytest.raises(ValueError, match='one positive factor per mesh'):
-        rescaled_heat_kernel_signatures(evals, evecs, batch, -torch.ones(2))
-    with pytest.raises(ValueError, match=r"'evecs' \[V, K\]"):
-        rescaled_heat_kernel_signatures(evals, evecs[:, :5], batch, torch.ones(2))
-
-
 def test_gradient_of_linear_function_is_exact():
     xs, ys = np.meshgrid(np.linspace(0, 1, 8), np.linspace(0, 1, 6))
     pos = np.stack([xs.ravel(), ys.ravel(), np.zeros(xs.size)], axis=1)

@@ -77,8 +77,9 @@ def mesh_pair(request):
     new_pos, new_face, _, face_order = renumber_mesh(
         pos, face, np.random.default_rng(0))
     task = HumanSegTask(progress=False, k=K)
-    return (task.prepare_mesh(pos, face, 'mesh'),
-            task.prepare_mesh(new_pos, new_face, 'renumbered'), face_order)
+    segmenter = task.segmenter(task.build_model('metric'))
+    return (segmenter.prepare(pos, face, 'mesh'),
+            segmenter.prepare(new_pos, new_face, 'renumbered'), face_order)
 
 
 @pytest.mark.parametrize('model_name,options', MODELS)

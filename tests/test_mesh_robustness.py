@@ -170,88 +170,6 @@ def test_an_invariant_model_loses_nothing_at_the_original_faces():
         carried(values, broken, mesh)
 
 
-def test_corner_logits_are_what_the_subdivided_corner_faces_read_out():
-    """corner_logits (human_seg's corner_loss) gives every face the logits
-    that its three corner faces of a Loop subdivision read out from vertex
-    values carried to the copy (the corner faces are rows 4i to 4i + 2 of
-    face i, in the order of its vertices); the middle face reads the face's
-    own."""
-    from pyg_metric_attn.experiments.human_seg_robust import carried
-    from pyg_metric_attn.training.segmentation import corner_logits, face_logits
-
-    pos, face, _ = labelled_capsule()
-    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
-                                             np.random.default_rng(0))
-    copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
-                                source_face=source))
-    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
-    values = torch.randn(len(pos), 5, dtype=torch.float64)
-    fine = face_logits(carried(values, copy, mesh), copy.face).view(-1, 4, 5)
-    corners = corner_logits(values, mesh.face)
-    assert corners.shape == (3, len(face), 5)
-    torch.testing.assert_close(corners, fine[:, :3].transpose(0, 1))
-    torch.testing.assert_close(fine[:, 3], face_logits(values, mesh.face))
-
-
-def test_the_subdivision_readout_floor_is_read_off_the_original_mesh():
-    """benchmarks/mesh_readout_floor counts the hits of vertex logits on a
-    Loop-subdivided copy (carried unchanged, each fine face with its
-    parent's label) from the original mesh alone, so it reads the floor on
-    the training meshes too; free logits fitted to the labels fit every
-    face, and lose less on the finer faces when fitted at the corners too."""
-    from benchmarks.mesh_readout_floor import free_floor, subdivided_hits
-    from pyg_metric_attn.experiments.human_seg_robust import carried
-    from pyg_metric_attn.training.segmentation import face_logits
-
-    pos, face, _ = labelled_capsule()
-    # Jagged band borders, as drawn human_seg labels are.
-    heights = pos[face].mean(axis=1)[:, 2]
-    labels = np.digitize(heights + 0.2 * np.random.default_rng(0).standard_normal(
-        len(face)), [-0.5, 0.5])
-    mesh = PREPROCESS(mesh_data(pos, face, 'capsule', face_labels=labels))
-    new_pos, new_face, source = perturb_mesh(pos, face, 'subdivision',
-                                             np.random.default_rng(0))
-    copy = PREPROCESS(mesh_data(new_pos, new_face, 'subdivided',
-                                face_labels=labels[source], source_face=source))
-    generator = torch.Generator().manual_seed(0)
-    values = torch.randn(len(pos), 3, generator=generator, dtype=torch.float64)
-    at_faces, at_subdivided = subdivided_hits(values, mesh.face, mesh.y)
-    assert at_faces == int((face_logits(values, mesh.face).argmax(-1)
-                            == mesh.y).sum())
-    fine = face_logits(carried(values, copy, mesh), copy.face).argmax(-1)
-    assert at_subdivided == int((fine == copy.y).sum())
-    centroids, corners = (free_floor([mesh], weight, steps=300)
-                          for weight in (0.0, 1.0))
-    assert centroids['faces_acc'] == corners['faces_acc'] == 100
-    assert centroids['floor'] > 0.5  # corner faces at the borders lean
-    assert corners['floor'] < centroids['floor'] / 2
-
-
-def test_a_heat_step_smooths_logits_and_keeps_their_area_weighted_mean():
-    """benchmarks/mesh_logit_smoothing diffuses vertex logits by one
-    implicit heat step: time 0 gives them back, constants stay, the
-    area-weighted mean stays, a spike spreads to its neighbours, and the
-    longer the time the smoother."""
-    from benchmarks.mesh_logit_smoothing import heat_steps
-    from pyg_metric_attn.geometry.laplacian import laplacian
-
-    pos, face, _ = labelled_capsule()
-    pos, face = torch.from_numpy(pos), torch.from_numpy(face).t()
-    spike = torch.zeros(len(pos), 2)
-    spike[0, 0], spike[:, 1] = 1.0, 3.0
-    same, short, long = heat_steps(spike, pos, face, [0.0, 1e-3, 1e-1])
-    assert torch.equal(same, spike) and short.dtype == spike.dtype
-    torch.testing.assert_close(long[:, 1], spike[:, 1])
-    mass = torch.from_numpy(laplacian(pos.numpy(), face.t().numpy())[1]).float()
-    for smoothed in (short, long):
-        torch.testing.assert_close(mass @ smoothed, mass @ spike)
-    ring = face[:, (face == 0).any(dim=0)].unique()
-    assert short[0, 0] < 1 and bool((short[ring[ring != 0], 0] > 0).all())
-    assert long[:, 0].std() < short[:, 0].std()
-    with pytest.raises(ValueError, match="time must be >= 0"):
-        heat_steps(spike, pos, face, [-1e-3])
-
-
 def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         monkeypatch, tmp_path):
     """human_seg_robust reads, for Loop subdivision and decimation, the
@@ -284,7 +202,7 @@ def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
         return logits if scored is mesh else carried(logits, scored, mesh)
 
     task = SimpleNamespace(
-        split_meshes=lambda split: [mesh], preprocessing=None,
+        meshes=lambda split: [mesh], preprocessing=None,
         config=SimpleNamespace(num_workers=1), vertex_scores=vertex_scores,
         face_scores=lambda model, scored: face_logits(
             vertex_scores(model, scored), scored.face))
@@ -297,37 +215,6 @@ def test_a_model_remeshing_does_not_change_loses_its_readout_floor(
     assert row['readout_floor'] == pytest.approx(row['drop'])
     assert row['source_drop'] == pytest.approx(0.0, abs=1e-9)
     assert jitter['readout_floor'] is None and original['readout_floor'] == 0
-
-
-def test_a_subdivided_copy_read_with_its_own_logits_at_one_kind_of_vertex():
-    """benchmarks/mesh_input_transplant splits a model's change under Loop
-    subdivision between the vertices subdivision adds and the original
-    ones: the copy's own logits at one kind, the carried original logits
-    (or, at an added vertex, the mean of its edge's two ends) at the
-    other."""
-    from benchmarks.mesh_input_transplant import partly_own
-
-    pos, face, _ = labelled_capsule()
-    copy = PREPROCESS(mesh_data(*perturb_mesh(pos, face, 'subdivision',
-                                              np.random.default_rng(0))[:2],
-                                'subdivided'))
-    mesh = PREPROCESS(mesh_data(pos, face, 'capsule'))
-    count = len(pos)
-    original = torch.randn(count, 5, dtype=torch.float64)
-    own = torch.randn(copy.num_nodes, 5, dtype=torch.float64)
-    added = partly_own(own, original, copy, mesh, 'added')
-    assert torch.equal(added[:count], original)
-    assert torch.equal(added[count:], own[count:])
-    at_original = partly_own(own, original, copy, mesh, 'original')
-    assert torch.equal(at_original[:count], own[:count])
-    src, dst = copy.edge_index
-    for vertex in (count, copy.num_nodes - 1):
-        ends = src[(dst == vertex) & (src < count)]
-        assert ends.numel() == 2
-        torch.testing.assert_close(at_original[vertex], own[ends].mean(dim=0))
-    assert not torch.equal(added, own)  # the original vertices are not its own
-    with pytest.raises(ValueError, match="'added' or 'original', not 'all'"):
-        partly_own(own, original, copy, mesh, 'all')
 
 
 def test_values_carried_to_a_decimated_copy_come_from_the_nearest_vertex():
@@ -366,9 +253,10 @@ def train_small_run(tmp_path: Path, **options) -> tuple[Path, Path]:
     SyntheticHumans(str(root), 'test', 1, num_workers=1,
                     pre_transform=MeshPreprocessing(32, 16, 32, True), log=False)
     arguments = [arg for key, value in dict(
-        synthetic_root=root, synthetic_train=1, synthetic_test=1,
+        processed_dir=root, synthetic_train=1, synthetic_test=1,
         num_workers=1, k=32, batch_size=1, diffusionnet_hidden_channels=8,
-        diffusionnet_num_layers=1, **options).items()
+        diffusionnet_num_layers=1, augment_copies=0, mesh_smoothing=0,
+        val_fraction=0.0, **options).items()
         for arg in ('-o', f'{key}={value}')]
     run = tmp_path / 'run'
     assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
@@ -464,123 +352,18 @@ def test_robustness_experiment_scores_a_trained_run(tmp_path, capsys):
                   (root / 'processed').rglob('robustness/*/*_seed0_*.pt')) == \
         sorted(f'{kind}-v{PERTURBATION_VERSIONS[kind]}' for kind in PERTURBATIONS)
     assert 'worst' in capsys.readouterr().out
-    # The feature drift of the same run: each stage of the model, at the
-    # original vertices; none for a rotation of these HKS inputs.
-    from benchmarks.mesh_feature_drift import drift
-    changes, meshes = drift(str(run), ['jitter', 'rotation',
-                                       'anisotropic_scaling'])
-    assert list(changes['jitter']) == ['input', '0.out', 'logits']
-    assert all(value > 1e-3 for value in changes['jitter'].values())
-    assert all(value < 1e-4 for value in changes['rotation'].values())
-    assert abs(meshes['rotation']['area']) < 1e-5
-    assert abs(meshes['anisotropic_scaling']['area']) > 1e-3  # a new shape
-    # Where the drops come from: the HKS inputs, the operators, the readout.
-    from benchmarks.mesh_input_transplant import transplant
-    drops = transplant(str(run), 'test', ['subdivision', 'jitter', 'rotation',
-                                          'decimation'])
-    assert drops['original'] == pytest.approx(100 * rows['original']['face_acc'])
-    assert drops['subdivision']['perturbed'] == pytest.approx(
-        rows['subdivision']['drop'])
-    assert drops['subdivision']['at the original faces'] == pytest.approx(
-        rows['subdivision']['source_drop'])
-    assert 'only inputs perturbed' not in drops['subdivision']
-    # Under subdivision the change is also split by vertex kind.
-    assert {'only added vertices perturbed', 'only original vertices perturbed'
-            } < set(drops['subdivision'])
-    # Decimation leaves original faces without faces: not read there.
-    assert drops['decimation']['perturbed'] == pytest.approx(
-        rows['decimation']['drop'])
-    assert set(drops['decimation']) == {'perturbed', 'original inputs',
-                                        'invariant model', 'ground truth'}
-    assert drops['jitter']['perturbed'] == pytest.approx(rows['jitter']['drop'])
-    # Jitter keeps the faces: an invariant model loses nothing, and the
-    # original faces are the copy's own.
-    assert drops['jitter']['invariant model'] == 0
-    assert drops['jitter']['ground truth'] == 0
-    assert drops['jitter']['at the original faces'] == pytest.approx(
-        drops['jitter']['perturbed'])
-    # DiffusionNet on HKS does not see a rotation, however it is read.
-    assert all(abs(drop) < 1e-9 for drop in drops['rotation'].values())
-    from benchmarks.mesh_input_transplant import plot
-    plot({str(run): drops}, 'test', tmp_path / 'transplant.png')
-    assert (tmp_path / 'transplant.png').stat().st_size > 0
-    # The subdivision readout floor read off the original meshes is the one
-    # the experiment reads on real subdivided copies.
-    from benchmarks import mesh_readout_floor
-    floors = mesh_readout_floor.readout_floors([str(run)], 'test', steps=20,
-                                               progress=False)
-    assert floors[str(run)]['floor'] == pytest.approx(
-        rows['subdivision']['readout_floor'])
-    assert set(floors) == {str(run), *mesh_readout_floor.FREE_FITS}
-    assert '| run |' in mesh_readout_floor.markdown(floors, 'test')
-    mesh_readout_floor.plot(floors, 'test', tmp_path / 'floor.png')
-    assert (tmp_path / 'floor.png').stat().st_size > 0
-    # Logits smoothed for no time read what the experiment reads.
-    from benchmarks import mesh_logit_smoothing
-    smoothing = mesh_logit_smoothing.smoothing_drops(
-        str(run), 'test', ['subdivision', 'jitter'], [0.0, 1e-3], progress=False)
-    assert smoothing['original'][0] == pytest.approx(
-        100 * rows['original']['face_acc'])
-    for kind in ('subdivision', 'jitter'):
-        assert smoothing[kind][0] == pytest.approx(rows[kind]['drop'])
-    # On the training meshes, the copies training draws (seed 0) are read.
-    trained_on = mesh_logit_smoothing.smoothing_drops(
-        str(run), 'train', ['jitter'], [0.0], progress=False)
-    train_meshes = task.datasets()[0]
-    copy = PerturbedMeshes(Path(train_meshes.processed_root) / 'augmentation',
-                           train_meshes, 'jitter', 0,
-                           pre_transform=task.preprocessing, log=False)[0]
-    hits = [int((task.predict(model, mesh) == mesh.y).sum()) / mesh.y.numel()
-            for mesh in (train_meshes[0], copy)]
-    assert len(train_meshes) == 1 and trained_on['jitter'][0] == pytest.approx(
-        100 * (hits[0] - hits[1]))
-    assert '| run | 0.001 |' in mesh_logit_smoothing.markdown(
-        {str(run): smoothing}, [0.0, 1e-3], 'test')
-    mesh_logit_smoothing.plot({str(run): smoothing}, [0.0, 1e-3],
-                              tmp_path / 'smoothing.png')
-    assert (tmp_path / 'smoothing.png').stat().st_size > 0
     # What denormals cost the same run's steps: both settings measured.
     from benchmarks.denormal_steps import denormal_count, markdown, measure
     cost = measure(str(run), meshes=1, repeats=1, progress=False)
     assert cost['denormal_weights'][1] > 0
-    assert all(cost[kind]['slowdown'] > 0 for kind in ('train', 'eval'))
+    for kind in ('train', 'eval'):  # the ratio of the two settings' medians
+        ms = cost[kind]['ms_per_mesh']
+        assert set(ms) == {'flushed', 'not flushed'}
+        assert cost[kind]['slowdown'] == pytest.approx(
+            ms['not flushed'] / ms['flushed'])
     assert '| training step |' in markdown(cost)
     assert denormal_count([torch.tensor([1e-39, 1e-30, 0.0, -1e-40]),
                            torch.tensor([1, 2])]) == (2, 4)
-
-
-def test_gradient_drift_of_a_trained_former(tmp_path):
-    """benchmarks/mesh_gradient_drift: per diffusion channel, the change of
-    the diffused channel and of its gradient magnitude; none under a
-    rotation (HKS inputs, and a magnitude does not see the tangent frame
-    turn); under Loop subdivision the operator gives the positions nearly
-    the same gradient magnitude (a consistent operator)."""
-    from benchmarks.mesh_gradient_drift import gradient_drift, markdown, plot
-    options = [arg for key, value in dict(
-        synthetic_root=tmp_path / 'synthetic', synthetic_train=1,
-        synthetic_test=1, num_workers=1, k=16, batch_size=1,
-        former_hidden_channels=16, former_num_layers=1, former_heads=2,
-        former_diffusion_time_floor=0.01).items()
-        for arg in ('-o', f'{key}={value}')]
-    run = tmp_path / 'run'
-    assert main(['train', '--attention', 'metricformer', '--epochs', '1',
-                 '--out', str(run), '--no-progress', *options]) == 0
-    rotated = gradient_drift(str(run), 'test', 'rotation')
-    (block,) = rotated['blocks']
-    assert len(block['time']) == len(block['gradient']) == 16
-    # The channels' times are the diffusion's, its floor included.
-    assert min(block['time']) > 0.01
-    assert max(block['diffused']) < 1e-4 and max(block['gradient']) < 1e-4
-    subdivided = gradient_drift(str(run), 'test', 'subdivision')
-    (block,) = subdivided['blocks']
-    assert block['time'] == rotated['blocks'][0]['time']
-    assert min(block['gradient']) > 1e-3
-    assert 0 < subdivided['positions'] < 0.25
-    table = markdown({str(run): subdivided}, 'test', 'subdivision')
-    # four groups of diffusion time, then the block's correlation
-    assert table.count('| run | 0 |') == 5
-    plot({str(run): subdivided}, 'subdivision', tmp_path / 'drift.png')
-    assert (tmp_path / 'drift.png').stat().st_size > 0
 
 
 def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
@@ -588,9 +371,10 @@ def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
     # training meshes, not the test split: '--split val' perturbs exactly
     # the meshes the run was validated on.
     options = [arg for key, value in dict(
-        synthetic_root=tmp_path / 'synthetic', synthetic_train=3,
+        processed_dir=tmp_path / 'synthetic', synthetic_train=3,
         synthetic_test=1, num_workers=1, k=16, batch_size=1,
-        diffusionnet_hidden_channels=8, diffusionnet_num_layers=1).items()
+        diffusionnet_hidden_channels=8, diffusionnet_num_layers=1,
+        augment_copies=0, mesh_smoothing=0).items()
         for arg in ('-o', f'{key}={value}')]
     run = tmp_path / 'run'
     assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
@@ -632,10 +416,11 @@ def test_robustness_experiment_scores_the_validation_meshes(tmp_path, capsys):
     # A run without validation meshes has none to score.
     bare = tmp_path / 'bare'
     assert main(['train', '--attention', 'diffusionnet', '--epochs', '1',
-                 '--out', str(bare), '--no-progress', *options]) == 0
+                 '--out', str(bare), '--no-progress', *options,
+                 '-o', 'val_fraction=0']) == 0
     assert main(['experiment', 'human_seg_robust', str(bare), '--split', 'val',
                  '--out', str(tmp_path / 'none'), '--no-progress']) != 0
-    assert 'held no validation meshes' in capsys.readouterr().err
+    assert 'No validation meshes' in capsys.readouterr().err
 
 
 def test_robustness_plot_takes_draws_that_all_agree(tmp_path):
@@ -669,7 +454,7 @@ def test_draws_that_change_nothing_drop_nothing(monkeypatch, tmp_path):
     mesh = Data(y=torch.arange(10), source_face=torch.arange(10),
                 face=torch.arange(30).view(3, 10))
     task = SimpleNamespace(
-        split_meshes=lambda split: [mesh], preprocessing=None,
+        meshes=lambda split: [mesh], preprocessing=None,
         config=SimpleNamespace(num_workers=1),
         vertex_scores=lambda model, mesh: torch.zeros(30, 8),
         face_scores=lambda model, mesh: torch.zeros(10, 8))
@@ -708,148 +493,3 @@ def test_the_example_is_the_copy_with_the_most_changed_predictions(tmp_path):
     # Where no copy changed a prediction there is nothing to show.
     assert write_example(copies[2:], originals[2:], predictions[2:], tmp_path,
                          'rotation') is None
-
-
-def test_fine_tuning_with_the_subdivision_consistency_term(tmp_path):
-    """benchmarks/mesh_subdivision_consistency: the term is the KL divergence
-    of the carried original logits to the copy's; fine-tuning with it makes
-    the model's predictions on the subdivided training copies closer to its
-    own on the originals than the same fine-tuning without it."""
-    from benchmarks import mesh_subdivision_consistency as consistency
-    from pyg_metric_attn.experiments.human_seg_robust import carried, score
-    from pyg_metric_attn.experiments.run_folder import load_run
-
-    torch.manual_seed(0)
-    student, teacher = torch.randn(5, 4), torch.randn(5, 4)
-    assert float(consistency.consistency_term(
-        student, student + torch.randn(5, 1))) == pytest.approx(0, abs=1e-6)
-    by_hand = (teacher.softmax(-1) * (teacher.log_softmax(-1)
-                                      - student.log_softmax(-1))).sum(-1).mean()
-    assert float(consistency.consistency_term(student, teacher)) == \
-        pytest.approx(float(by_hand))
-    with pytest.raises(ValueError, match='differ in shape'):
-        consistency.consistency_term(student, teacher[:4])
-    with pytest.raises(ValueError, match='no Loop-subdivided training copies'):
-        consistency.subdivided_source([])
-
-    run = str(train_small_run(tmp_path, augment_copies=1,
-                              augment_perturbations='subdivision,jitter')[0])
-    # With no learning rate the model stays as trained: the readings are
-    # those of experiment human_seg_robust.
-    still = consistency.consistency_readings(
-        run, [0.0], 1, 0.0, 'test', ['subdivision', 'jitter'], progress=False)
-    task, model, _ = load_run(run, 'human_seg', {})
-    rows = score(task, model, ['subdivision', 'jitter'], 0)
-    for ours, theirs in zip(still['0']['rows'], rows, strict=True):
-        assert ours['drop'] == pytest.approx(theirs['drop'])
-    test_meshes = task.split_meshes('test')
-    test_mesh = test_meshes[0]
-    copy = PerturbedMeshes(Path(test_meshes.processed_root) / 'robustness',
-                           test_meshes, 'subdivision', 0,
-                           pre_transform=task.preprocessing, log=False)[0]
-    assert still['0']['consistency'] == pytest.approx(float(
-        consistency.consistency_term(
-            task.vertex_scores(model, copy),
-            carried(task.vertex_scores(model, test_mesh), copy, test_mesh))))
-    # The term pulls: on the training copies it falls below what the same
-    # fine-tuning without it leaves.
-    train = task.datasets()[0]
-    copies = PerturbedMeshes(Path(train.processed_root) / 'augmentation',
-                             train, 'subdivision', 0,
-                             pre_transform=task.preprocessing, log=False)
-    before = consistency.mean_consistency(task, model, train, copies)
-    after = {}
-    for lam in (0.0, 1000.0):
-        task, model, _ = load_run(run, 'human_seg', {})
-        history = consistency.fine_tune(task, model, lam, 20, 3e-2,
-                                        progress=False)
-        assert [row['epoch'] for row in history] == list(range(1, 21))
-        assert sum(row['subdivided_steps'] for row in history) > 0
-        after[lam] = consistency.mean_consistency(task, model, train, copies)
-    assert after[1000.0] < min(before, 0.5 * after[0.0])
-    table = consistency.markdown(still, run, 'test', 1, 0.0)
-    assert '| 0 |' in table and 'subdivision floor' in table
-    consistency.plot(still, tmp_path / 'consistency.png')
-    assert (tmp_path / 'consistency.png').stat().st_size > 0
-
-
-def test_prediction_at_the_training_resolution_carries_back_by_position():
-    """benchmarks/mesh_inference_variants, coarsened: a mesh no finer than
-    1.5x the training meshes is predicted as it is; a finer one is
-    decimated to their face count, predicted there, and its faces take the
-    prediction of the nearest decimated face: a prediction that depends on
-    position only is kept but near its border."""
-    from types import SimpleNamespace
-
-    from torch_geometric.data import Data
-
-    from benchmarks.mesh_inference_variants import at_training_resolution
-
-    pos, face, _ = labelled_capsule()
-    sizes = []
-
-    def predict(model, mesh):  # a side of the plane z = 0.1
-        sizes.append(mesh.face.size(1))
-        return (mesh.pos[mesh.face].mean(dim=0)[:, 2] > 0.1).long()
-
-    task = SimpleNamespace(
-        predict=predict, prepare_mesh=lambda pos, face, name: Data(
-            pos=torch.from_numpy(pos), face=torch.from_numpy(face).t(),
-            name=name))
-    mesh = task.prepare_mesh(pos, face, 'capsule')
-    assert torch.equal(at_training_resolution(task, None, mesh, len(face)),
-                       predict(None, mesh))
-    fine_pos, fine_face, _ = perturb_mesh(pos, face, 'subdivision',
-                                          np.random.default_rng(0))
-    fine = task.prepare_mesh(fine_pos, fine_face, 'subdivided')
-    sizes.clear()
-    carried = at_training_resolution(task, None, fine, len(face))
-    assert carried.shape == (len(fine_face),)
-    assert abs(sizes[0] - len(face)) < 0.05 * len(face)  # predicted coarse
-    assert (carried == predict(None, fine)).float().mean() > 0.95
-
-
-def test_inference_variants_of_a_trained_run(tmp_path):
-    """benchmarks/mesh_inference_variants: without deformed copies the
-    average is the plain prediction, and the plain one reads what
-    human_seg_robust reads; averaging over rotated copies changes nothing
-    for a model on HKS; a deformation that changes the faces is refused;
-    meshes no finer than the training meshes are not coarsened."""
-    from benchmarks import mesh_inference_variants as variants
-    from pyg_metric_attn.experiments.human_seg_robust import score
-    from pyg_metric_attn.experiments.run_folder import load_run
-
-    run, _ = train_small_run(tmp_path)
-    read = variants.variant_drops(str(run), 'test', ['subdivision', 'jitter'],
-                                  0, ['jitter'], progress=False)
-    task, model, _ = load_run(str(run), 'human_seg', {}, command='test')
-    model.eval()
-    rows = {row['perturbation']: row for row in score(
-        task, model, ['subdivision', 'jitter'], 0)}
-    assert read['original']['plain'] == pytest.approx(
-        100 * rows['original']['face_acc'])
-    for kind in ('subdivision', 'jitter'):
-        assert read[kind]['plain'] == pytest.approx(rows[kind]['drop'])
-        assert read[kind]['averaged'] == read[kind]['plain']
-    # The test humanoid and its jittered copy are as fine as the training one.
-    for name in ('original', 'jitter'):
-        assert read[name]['coarsened'] == read[name]['plain']
-    meshes = task.split_meshes('test')
-    cache = tmp_path / 'averaging'
-    plain = variants.averaged_probabilities(task, model, meshes, [], 0, cache)
-    rotated = variants.averaged_probabilities(task, model, meshes,
-                                              ['rotation'], 2, cache)
-    jittered = variants.averaged_probabilities(task, model, meshes,
-                                               ['jitter'], 2, cache)
-    torch.testing.assert_close(rotated, plain, atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(jittered[0], plain[0], atol=1e-4)
-    torch.testing.assert_close(jittered[0].sum(-1),
-                               torch.ones(len(jittered[0])))
-    with pytest.raises(ValueError, match="changes the faces"):
-        variants.averaged_probabilities(task, model, meshes, ['decimation'],
-                                        1, cache)
-    results = {str(run): read}
-    assert '| run | averaged |' in variants.markdown(results, 'test', 0,
-                                                     ['jitter'])
-    variants.plot(results, tmp_path / 'variants.png')
-    assert (tmp_path / 'variants.png').stat().st_size > 0

@@ -250,35 +250,3 @@ def test_trainer_flushes_denormals_in_steps_backward_and_evaluation(two_threads,
             progress=False, **kwargs).fit(lambda epoch: [torch.ones(2, 1)], 2)
     assert seen == {'step': flush, 'backward': flush, 'evaluate': flush}
     assert not flushed_on_every_thread(tiny)
-
-
-def test_weight_decay_groups_give_the_metric_mlps_their_own_decay():
-    from pyg_metric_attn import MetricAttentionConv
-    from pyg_metric_attn.training.weight_decay import weight_decay_groups
-    model = torch.nn.Sequential(MetricAttentionConv(6, 4, mlp_channels=5),
-                                torch.nn.Linear(4, 2))
-    mlps = [m for m in model.modules() if type(m).__name__ == 'ResidualTanhMLP']
-    assert mlps
-    mlp = {id(p) for m in mlps for layer in (m.hidden, m.out)
-           for p in layer.parameters()}
-    # The default: one group, the parameters in the order an optimiser on
-    # model.parameters() holds them (so its checkpoints still load).
-    for own in (None, 1e-3):
-        [group] = weight_decay_groups(model, 1e-3, own)
-        assert group['params'] == list(model.parameters())
-    rest, own = weight_decay_groups(model, 1e-3, 0.0)
-    assert {id(p) for p in own['params']} == mlp and own['weight_decay'] == 0
-    assert rest['weight_decay'] == 1e-3
-    assert len(rest['params']) + len(own['params']) == len(list(model.parameters()))
-    # Adam's coupled L2 pulls weights without a loss gradient to zero; the
-    # MLP's own zero decay keeps it.
-    before = [p.detach().clone() for p in own['params']]
-    others = [p.detach().clone() for p in rest['params']]
-    optimizer = torch.optim.Adam(weight_decay_groups(model, 1e-1, 0.0), lr=1e-2)
-    for _ in range(5):
-        optimizer.zero_grad()
-        sum(p.sum() for p in model.parameters()).mul(0).backward()
-        optimizer.step()
-    assert all(torch.equal(b, p) for b, p in zip(before, own['params'], strict=True))
-    assert not any(torch.equal(b, p) for b, p in
-                   zip(others, rest['params'], strict=True) if b.any())

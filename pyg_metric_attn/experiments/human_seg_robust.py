@@ -85,8 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--split', choices=('test', 'val'), default='test',
                         help="the meshes to perturb: the test split, or the "
                         "validation meshes the runs held out of the training "
-                        "meshes ('-o val_fraction' or '-o val_source' when "
-                        "trained; default: test)")
+                        "meshes (default: test)")
     parser.add_argument('--perturbations', help='comma-separated, of '
                         'subdivision, decimation, anisotropic_scaling, '
                         'jitter, rotation, renumbering (default: all)')
@@ -105,16 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def split_meshes(task: Any, split: str) -> Any:
     """The processed meshes to perturb: the ``'test'`` split, or the
     ``'val'`` meshes the task holds out of the training meshes."""
-    if split == 'test':
-        return task.split_meshes('test')
-    if split != 'val':
+    if split not in SPLIT_NAMES:
         raise ValueError(f"'split' must be 'test' or 'val', got {split!r}")
-    if task.eval_split != 'val':
-        raise ValueError("The run held no validation meshes out of the "
-                         "training meshes: train it with '-o val_fraction=F' "
-                         "or '-o val_source=S' to score them, or score the "
-                         "test split")
-    return task.datasets()[1]
+    return task.meshes(split)
 
 
 def score(task: Any, model: torch.nn.Module, perturbations: list[str],

@@ -133,6 +133,14 @@ class Task(ABC):
         raise NotImplementedError(f"The {self.name} task does not support "
                                   f"'train'")
 
+    def shipped_model(self) -> Any:
+        """The trained model shipped with the package for this task, which
+        ``predict`` uses without a run folder (it has ``predict_files(paths,
+        out_dir)`` and a ``description``)."""
+        raise NotImplementedError(f"No trained {self.name} model ships with "
+                                  f"the package: give a run folder written by "
+                                  f"train")
+
     def save_example(self, model: torch.nn.Module, out_dir: Path) -> list[Path]:
         """Files that show a trained model's results (e.g. a rendering),
         written to ``out_dir``; the paths written."""

@@ -19,6 +19,7 @@ from pyg_metric_attn.geometry.laplacian import (
 from pyg_metric_attn.geometry.mesh import (
     MeshError,
     check_mesh,
+    check_surface,
     edge_face_counts,
     face_areas,
     face_normals,
@@ -48,7 +49,7 @@ from pyg_metric_attn.geometry.spectral import (
 __all__ = [
     'DETERMINISTIC_PERTURBATIONS', 'HKS_MIN_TIME', 'PERTURBATIONS',
     'PERTURBATION_VERSIONS', 'MeshError',
-    'OperatorCache', 'check_mesh', 'cotan_laplacian',
+    'OperatorCache', 'check_mesh', 'check_surface', 'cotan_laplacian',
     'edge_face_counts', 'eigendecomposition', 'face_areas', 'face_normals',
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
     'decimate', 'hks_times', 'is_edge_manifold', 'laplacian',

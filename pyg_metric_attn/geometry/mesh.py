@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 
 
 class MeshError(ValueError):
@@ -34,6 +35,58 @@ def check_mesh(pos: np.ndarray, face: np.ndarray, name: str = 'mesh') -> None:
         raise MeshError(f"{name}: {len(unreferenced)} vertices belong to no face "
                         f"(first: vertex {int(unreferenced[0])}); remove them "
                         f"before computing operators")
+
+
+#: A face whose area is below this share of the squared radius of its mesh
+#: (the largest distance of a vertex from the vertex mean) is degenerate.
+DEGENERATE_AREA = 1e-12
+
+
+def check_surface(pos: np.ndarray, face: np.ndarray, name: str = 'mesh') -> None:
+    """Raise :class:`MeshError` for a mesh that is not one connected,
+    edge-manifold surface of proper triangles: what a model trained on such
+    surfaces (as the human_seg models) needs from a mesh given to
+    ``predict``. Runs :func:`check_mesh` first. The message names the
+    problem and its first instance: degenerate faces (a repeated vertex, or
+    an area of at most :data:`DEGENERATE_AREA` times the squared radius),
+    edges shared by more than two faces, several connected components."""
+    check_mesh(pos, face, name)
+    pos, face = np.asarray(pos, dtype=np.float64), np.asarray(face)
+    radius = np.linalg.norm(pos - pos.mean(axis=0), axis=1).max()
+    degenerate = ((face[:, 0] == face[:, 1]) | (face[:, 1] == face[:, 2])
+                  | (face[:, 2] == face[:, 0])
+                  | (face_areas(pos, face) <= DEGENERATE_AREA * radius ** 2))
+    if degenerate.any():
+        first = int(np.flatnonzero(degenerate)[0])
+        raise MeshError(f"{name}: {int(degenerate.sum())} degenerate faces "
+                        f"(zero area; first: face {first}); remove them, e.g. "
+                        f"trimesh's update_faces(mesh.nondegenerate_faces())")
+    edges, side_ids = mesh_edges(face)
+    counts = np.bincount(side_ids.reshape(-1), minlength=len(edges))
+    if counts.max() > 2:
+        first = edges[np.argmax(counts > 2)]
+        raise MeshError(f"{name}: non-manifold: {int((counts > 2).sum())} edges "
+                        f"are shared by more than two faces (first: vertices "
+                        f"{int(first[0])}-{int(first[1])}); repair the mesh "
+                        f"into one surface first")
+    adjacency = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])),
+                              shape=(len(pos), len(pos)))
+    count, component = connected_components(adjacency, directed=False)
+    if count > 1:
+        sizes = np.bincount(component)
+        raise MeshError(f"{name}: {count} connected components (face counts "
+                        f"{_component_faces(face, component, count)}); the "
+                        f"model segments one connected surface: keep the "
+                        f"largest ({int(sizes.max())} vertices), e.g. with "
+                        f"trimesh's mesh.split()")
+
+
+def _component_faces(face: np.ndarray, component: np.ndarray,
+                     count: int) -> str:
+    """The face count of each component, largest first (at most five)."""
+    faces = np.sort(np.bincount(component[face[:, 0]], minlength=count))[::-1]
+    shown = ', '.join(str(int(n)) for n in faces[:5])
+    return shown + (', ...' if count > 5 else '')
 
 
 def normalize_positions(pos: np.ndarray) -> np.ndarray:

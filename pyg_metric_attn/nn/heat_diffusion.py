@@ -65,35 +65,22 @@ class HeatDiffusion(torch.nn.Module):
     :math:`\exp(-d^2 / t)` form metric-attention learns in feature space
     (the spectral diffusion of DiffusionNet, Sharp et al. 2022).
 
-    The times :math:`t_c = t_0 + \exp(s_c)` are learned, :math:`\exp(s_c)`
-    initialised log-spaced over ``[min_time, max_time]`` across the
-    channels. The floor :math:`t_0` (``time_floor``) keeps every channel
-    from diffusing for less than :math:`t_0`: it damps the eigenpairs
-    above :math:`\lambda \approx 1 / t_0`, the ones in which a remeshed
-    surface differs most from the original, in every channel however
-    training moves its time.
+    The times :math:`t_c = \exp(s_c)` are learned, initialised log-spaced
+    over ``[min_time, max_time]`` across the channels.
 
     Args:
         channels (int): Feature channels, each with its own time.
-        min_time (float): Smallest initial time above the floor.
-            (default: :obj:`1e-3`)
-        max_time (float): Largest initial time above the floor.
-            (default: :obj:`1e-1`)
-        time_floor (float): The floor :math:`t_0 \geq 0`. (default:
-            :obj:`0.0`: times :math:`\exp(s_c)`)
+        min_time (float): Smallest initial time. (default: :obj:`1e-3`)
+        max_time (float): Largest initial time. (default: :obj:`1e-1`)
     """
     def __init__(self, channels: int, min_time: float = 1e-3,
-                 max_time: float = 1e-1, time_floor: float = 0.0):
+                 max_time: float = 1e-1):
         super().__init__()
         if not 0 < min_time <= max_time:
             raise ValueError(f"Need 0 < 'min_time' <= 'max_time', got "
                              f"{min_time} and {max_time}")
-        if not (math.isfinite(time_floor) and time_floor >= 0):
-            raise ValueError(f"'time_floor' must be finite and >= 0, got "
-                             f"{time_floor}")
         self.channels = channels
         self.min_time, self.max_time = min_time, max_time
-        self.time_floor = time_floor
         self.log_time = Parameter(torch.empty(channels))
         self.reset_parameters()
 
@@ -106,7 +93,7 @@ class HeatDiffusion(torch.nn.Module):
     @property
     def times(self) -> Tensor:
         r"""The diffusion time :math:`t_c` of every channel ``[channels]``."""
-        return self.time_floor + self.log_time.exp()
+        return self.log_time.exp()
 
     def forward(self, h: Tensor, evecs: Tensor, evals: Tensor, mass: Tensor,
                 batch: OptTensor = None) -> Tensor:
@@ -141,6 +128,5 @@ class HeatDiffusion(torch.nn.Module):
         return (spectrum.basis @ (decay * coefficients))[mask]
 
     def extra_repr(self) -> str:
-        floor = f', time_floor={self.time_floor}' if self.time_floor else ''
         return (f'{self.channels}, min_time={self.min_time}, '
-                f'max_time={self.max_time}{floor}')
+                f'max_time={self.max_time}')

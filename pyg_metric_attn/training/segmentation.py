@@ -15,21 +15,6 @@ def face_logits(vertex_logits: Tensor, face: Tensor) -> Tensor:
     return vertex_logits[face].mean(dim=0)
 
 
-def corner_logits(vertex_logits: Tensor, face: Tensor) -> Tensor:
-    r"""The logits at each face's three corner points, barycentric
-    :math:`(2/3, 1/6, 1/6)` towards each of its vertices in turn (the mean
-    of the vertex's and the face's logits), ``[V, C], [3, F] -> [3, F, C]``.
-
-    They are what the three corner faces of one Loop subdivision step read
-    out (:func:`face_logits`) from vertex logits carried to the new vertices
-    linearly (every added vertex the mean of the edge it splits): the logits
-    a model that subdivision does not change has on the finer faces, where
-    the face's label covers all four. The fourth, middle face reads the face's
-    own logits."""
-    vertices = vertex_logits[face]
-    return (vertices + vertices.mean(dim=0)) / 2
-
-
 def edge_logits(vertex_logits: Tensor, edge_index: Tensor) -> Tensor:
     """Each edge's logits are the mean of its two endpoints' logits."""
     return vertex_logits[edge_index].mean(dim=0)

@@ -1,73 +1,44 @@
 r"""Human-body mesh segmentation: per-face part labels from per-vertex
-attention models (the paper's Figure 5 setting, extended).
+models (the paper's Figure 5 setting, extended).
 
 Models run on the mesh's vertex graph and predict per vertex; each face takes
 the mean of its three vertices' logits (the paper's fixed linear aggregation)
 and the loss is the cross entropy over faces. ``attention`` names the model:
-the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
-:class:`~pyg_metric_attn.nn.MetricAttentionConv`) or PyG's ``'gat'``,
-``'gatv2'``, ``'transformer'`` in the same slots, or ``'metricformer'``,
-:class:`~pyg_metric_attn.nn.models.MetricMeshFormer` (local plus global
-metric-attention with residual feed-forward blocks, configured by the task's
-``former`` (:class:`~pyg_metric_attn.nn.models.MetricMeshFormerConfig`, set as
-``former_FIELD``); its learning rate follows a cosine schedule to zero over
-the epochs unless ``former_cosine=False``; every block starts with a
-learned-time heat diffusion over the mesh, for which the meshes carry their
-``k`` eigenpairs, unless ``former_diffusion=False``; and DiffusionNet's
-spatial gradient features of the diffused channels, from tangent gradient
-operators the meshes carry, unless ``former_gradients=False``), or
-``'diffusionnet'``, the baseline :class:`~pyg_metric_attn.nn.models.DiffusionNet`
-(configured by ``diffusionnet`` as ``diffusionnet_FIELD``; its recipe's
-learning rate halves every ``step_lr_epochs`` epochs; it reads the
-eigenpairs and gradient operators the former's diffusion and gradients
-have the meshes carry).
+
+* ``'metricformer'`` (the default),
+  :class:`~pyg_metric_attn.nn.models.MetricMeshFormer`: local plus global
+  metric-attention with heat diffusion and spatial gradient features in every
+  block (configured by ``former``, set as ``former_FIELD``), its learning rate
+  on a cosine schedule to zero over the epochs;
+* ``'diffusionnet'``, the baseline
+  :class:`~pyg_metric_attn.nn.models.DiffusionNet` (configured by
+  ``diffusionnet``, set as ``diffusionnet_FIELD``), its learning rate halved
+  every 50 epochs, as its paper's recipe;
+* the paper's IPN with ``'metric'``, ``'l2'``, ``'dot'`` (this library's
+  :class:`~pyg_metric_attn.nn.MetricAttentionConv`) or PyG's ``'gat'``,
+  ``'gatv2'``, ``'transformer'`` in the same slots.
+
+The config's defaults are the recipe of the reported MetricMeshFormer (200
+epochs, no weight decay, one mesh per step, every training mesh drawn each
+epoch from itself and one perturbed copy per kind of
+``augment_perturbations``, the operators of every mesh computed after two
+Taubin smoothing rounds, a tenth of the training meshes held out for
+validation): ``pyg-metric-attn train human_seg --root PATH`` trains it.
 
 Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 :class:`~pyg_metric_attn.datasets.HumanSegmentation` reads them), else
 :class:`~pyg_metric_attn.datasets.SyntheticHumans` (offline). Inputs are the
 16 heat kernel signatures per vertex (``features='hks'``) or the normalised
-coordinates with a uniformly random rotation of every training mesh
-(``features='xyz'``; ``xyz_rotation='up'``: about the y axis, DiffusionNet's
-augmentation, though the MeshCNN meshes are not all upright along one axis;
-``xyz_scaling=S > 1``: and a scale factor drawn log-uniformly from
-``[1/S, S]``). With ``hks_time_jitter=J > 1`` every training mesh's HKS
-are recomputed each step at diffusion times stretched by a factor drawn
-log-uniformly from ``[1/J, J]`` (a random size change of the mesh; needs the
-eigenpairs the former's diffusion carries). ``hks_min_time=T`` computes the
-HKS of every mesh at times log-spaced in ``[T, 1]`` instead of ``[0.01, 1]``
-(from the same eigenpairs): longer shortest times weigh less the upper end
-of the spectrum, which a coarse mesh resolves least. ``mesh_area=A`` scales
-every mesh to surface area ``A`` with its operators and HKS
-(:func:`~pyg_metric_attn.transforms.scale_to_area`; needs the eigenpairs),
-so that its inputs do not depend on the pose or roughness behind its unit
-maximum radius. ``mesh_smoothing=S`` computes every mesh's operators (HKS,
-eigenpairs, gradients) after ``S`` rounds of Taubin smoothing
-(:func:`~pyg_metric_attn.geometry.taubin_smoothing`), which damps vertex
-noise (the rounds act over edges: a coarser mesh is smoothed over a wider
-patch); a model that reads only ``xyz`` and no operators does not see it. With
-``augment_copies=N > 0`` every training mesh gets ``N`` perturbed copies per
-perturbation of ``augment_perturbations``
-(:func:`~pyg_metric_attn.geometry.perturb_mesh`: remeshed, deformed, ...;
-one of a perturbation that draws nothing, as loop subdivision, whose further
-copies would be the same mesh; processed once and cached as
-:class:`~pyg_metric_attn.datasets.PerturbedMeshes` under the processed
-files' ``augmentation/``), and every epoch each training mesh is itself or
-one of its copies, drawn uniformly (:class:`~pyg_metric_attn.datasets.RandomCopies`):
-geometric augmentation for any inputs. ``label_smoothing > 0`` smooths the
-training targets and ``corner_loss > 0`` adds a cross entropy at every face's
-corner points (:meth:`HumanSegTask.training_loss`; evaluation losses stay
-plain cross entropy over the faces). With ``val_fraction > 0`` a seeded share
-of the training meshes is held out and evaluated instead of the test set (for
-tuning without the test set); with ``val_source=PREFIX`` the training meshes
-whose names start with ``PREFIX`` are (e.g. ``adobe``: a whole source of the
-benchmark, so that validation sees people the training did not, as the test
-set does). Otherwise the test set is evaluated after every epoch and the last
-epoch is reported (no model selection on the test set).
+coordinates, every training mesh rotated at random (``features='xyz'``).
+With ``val_fraction > 0`` a seeded share of the training meshes is held out
+and evaluated after every epoch (the best checkpoint is the best on them);
+the test split is read once, at the end of an experiment or by ``evaluate
+--split test``. With ``val_fraction=0`` the test set is evaluated after
+every epoch and the last epoch is reported (no model selection on the test
+set).
 """
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,8 +55,7 @@ from pyg_metric_attn.datasets import (
     RandomCopies,
     SyntheticHumans,
 )
-from pyg_metric_attn.datasets.mesh_dataset import mesh_data
-from pyg_metric_attn.datasets.mesh_io import read_mesh, write_segmented_ply
+from pyg_metric_attn.datasets.mesh_io import write_segmented_ply
 from pyg_metric_attn.experiments.attention import (
     ATTENTIONS,
     attention_factory,
@@ -93,7 +63,7 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import HKS_MIN_TIME, PERTURBATIONS, MeshError
+from pyg_metric_attn.geometry import PERTURBATIONS
 from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
 from pyg_metric_attn.nn.models import (
     IPN,
@@ -101,7 +71,9 @@ from pyg_metric_attn.nn.models import (
     DiffusionNetConfig,
     MetricMeshFormer,
     MetricMeshFormerConfig,
+    mesh_forward,
 )
+from pyg_metric_attn.pretrained.segmenter import MeshSegmenter
 from pyg_metric_attn.training import (
     DistributedContext,
     Trainer,
@@ -110,22 +82,10 @@ from pyg_metric_attn.training import (
     seed_everything,
     shard_indices,
     strided_share,
-    unwrap,
 )
-from pyg_metric_attn.training.segmentation import (
-    SegmentationMeter,
-    corner_logits,
-    face_logits,
-)
-from pyg_metric_attn.training.weight_decay import weight_decay_groups
-from pyg_metric_attn.transforms import (
-    MeshPreprocessing,
-    random_rotation,
-    rescaled_heat_kernel_signatures,
-    scale_to_area,
-)
+from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
+from pyg_metric_attn.transforms import MeshPreprocessing, random_rotation
 from pyg_metric_attn.utils.data_home import data_home
-from pyg_metric_attn.utils.io import atomic_write_text
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
 STRONG_MODEL = 'metricformer'
@@ -144,71 +104,47 @@ def default_former() -> MetricMeshFormerConfig:
 
 @dataclass(frozen=True)
 class HumanSegConfig(TaskConfig):
-    """The human_seg task's settings."""
-    # The paper's IPN (Table 2): d_Q = d_mlp = 64, Adam lr 1e-3, wd 1e-4.
+    """The human_seg task's settings; the defaults are the recipe of the
+    reported MetricMeshFormer (see the module docstring)."""
+    # Training.
+    lr: float = setting(1e-3, gt=0)
+    weight_decay: float = setting(0.0, ge=0)
+    batch_size: int = setting(1, ge=1)
+    #: Geometric augmentation: perturbed copies of every training mesh, one
+    #: per kind of ``augment_perturbations`` (a kind that draws at random
+    #: gets ``augment_copies`` of them).
+    augment_copies: int = setting(1, ge=0)
+    augment_perturbations: str = 'subdivision,decimation,anisotropic_scaling,jitter'
+    #: Taubin smoothing rounds of every mesh before its operators
+    #: (MeshPreprocessing's smoothing).
+    mesh_smoothing: int = setting(2, ge=0)
+    #: The share of the training meshes held out for validation (drawn
+    #: with ``data_seed``).
+    val_fraction: float = setting(0.1, ge=0, lt=1)
+    data_seed: int = 0
+    features: Literal['hks', 'xyz'] = 'hks'
+    # Models.
+    #: MetricMeshFormer ('metricformer').
+    former: MetricMeshFormerConfig = setting(default_factory=default_former)
+    #: DiffusionNet ('diffusionnet'; default: the paper's 4 blocks x 128,
+    #: dropout 0.5).
+    diffusionnet: DiffusionNetConfig = setting(default_factory=DiffusionNetConfig)
+    #: The IPN ('metric', 'l2', 'dot', 'gat', ...; the paper's Table 2:
+    #: d_Q = d_mlp = 64): width, metric MLP width, layers, heads, the
+    #: heat-kernel time t of metric/l2/dot (a number, 'matched' or
+    #: {attention: t}) and the normalisation of their similarities.
     hidden: int = setting(64, ge=1)
     mlp_channels: int = setting(64, ge=1)
     num_layers: int = setting(2, ge=1)
     heads: int = setting(1, ge=1)
-    lr: float = setting(1e-3, gt=0)
-    weight_decay: float = setting(1e-4, ge=0)
-    #: Weight decay of the pseudo-metric maps' tanh MLPs (None: 'weight_decay';
-    #: see :mod:`pyg_metric_attn.training.weight_decay`).
-    metric_mlp_weight_decay: float | None = setting(None, ge=0)
-    batch_size: int = setting(8, ge=1)
-    #: Heat-kernel time t of metric/l2/dot: a number, 'matched' or
-    #: {attention: t}.
     time_scale: float | Literal['matched'] | dict[str, float] = setting(1.0, gt=0)
-    learn_time_scale: bool = False
-    #: metric/l2/dot only: a value map W_v (H' = S H W_v) and a linear map of
-    #: the vertex's own features added (TransformerConv's root weight).
-    value: bool = False
-    residual: bool = False
-    #: IPN's normalisation of the similarities (metric/l2/dot; 'global'
-    #: needs each mesh's vertices told apart, which the IPN does not pass;
-    #: the former's is former_normalization).
     normalization: Literal['row', 'column', 'sinkhorn'] = 'row'
     sinkhorn_iterations: int = setting(3, ge=1)
-    features: Literal['hks', 'xyz'] = 'hks'
-    #: features='xyz', training: a random rotation of SO(3), about the y
-    #: axis ('up') or none, and a scale factor log-uniform in [1/S, S].
-    xyz_rotation: Literal['so3', 'up', 'none'] = 'so3'
-    xyz_scaling: float = setting(1.0, ge=1)
-    #: Geometric augmentation: perturbed copies of the training meshes.
-    augment_copies: int = setting(0, ge=0)
-    augment_perturbations: str = 'decimation,anisotropic_scaling,jitter'
-    hks_time_jitter: float = setting(1.0, ge=1)
-    hks_min_time: float = setting(HKS_MIN_TIME, gt=0, lt=1)
-    #: Every mesh scaled to this surface area with its operators after the
-    #: unit maximum radius (scale_to_area); None: that radius alone.
-    mesh_area: float | None = setting(None, gt=0)
-    #: Taubin smoothing rounds of every mesh before its operators
-    #: (MeshPreprocessing's smoothing).
-    mesh_smoothing: int = setting(0, ge=0)
-    label_smoothing: float = setting(0.0, ge=0, lt=1)
-    #: Weight of a second cross entropy, at every face's three corner points
-    #: (corner_logits: where one Loop subdivision step puts the centroids of
-    #: its corner faces), added to the faces' own.
-    corner_loss: float = setting(0.0, ge=0)
-    val_fraction: float = setting(0.0, ge=0, lt=1)
-    val_source: str | None = None
-    data_seed: int = 0
-    #: MetricMeshFormer ('metricformer'): its architecture, and a cosine
-    #: learning-rate schedule.
-    former: MetricMeshFormerConfig = setting(default_factory=default_former)
-    former_cosine: bool = True
-    #: DiffusionNet ('diffusionnet'): its architecture (default: the paper's
-    #: 4 blocks x 128, dropout 0.5), and its learning rate halved every
-    #: step_lr_epochs epochs.
-    diffusionnet: DiffusionNetConfig = setting(default_factory=DiffusionNetConfig)
-    step_lr_epochs: int = setting(50, ge=1)
     # Data.
     root: str | None = None
     processed_dir: str | None = None
-    #: Folder of the synthetic humanoids (without ``root``); default:
-    #: ``processed_dir``, else :func:`~pyg_metric_attn.utils.data_home.data_home`
-    #: ``/synthetic_humans``.
-    synthetic_root: str | None = None
+    #: Synthetic humanoids (without ``root``), in ``processed_dir``, else
+    #: :func:`~pyg_metric_attn.utils.data_home.data_home` ``/synthetic_humans``.
     synthetic_train: int = setting(120, ge=1)
     synthetic_test: int = setting(30, ge=1)
     #: Eigenpairs per mesh and heat kernel signatures per vertex.
@@ -220,23 +156,6 @@ class HumanSegConfig(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.val_fraction > 0 and self.val_source:
-            raise ValueError("Set 'val_fraction' or 'val_source', not both")
-        for name, default in (('hks_time_jitter', 1.0),
-                              ('hks_min_time', HKS_MIN_TIME)):
-            if getattr(self, name) != default and not (
-                    self.features == 'hks' and self.former.diffusion):
-                raise ValueError(f"'{name}' recomputes HKS from the meshes' "
-                                 f"eigenpairs: it needs features='hks' and "
-                                 f"former_diffusion=True")
-        if self.mesh_area is not None and not self.former.diffusion:
-            raise ValueError("'mesh_area' recomputes the HKS of the scaled "
-                             "meshes from their eigenpairs: it needs "
-                             "former_diffusion=True")
-        if self.features != 'xyz' and (self.xyz_rotation != 'so3'
-                                       or self.xyz_scaling != 1):
-            raise ValueError("'xyz_rotation' and 'xyz_scaling' augment the "
-                             "coordinates: they need features='xyz'")
         unknown = set(self.augmentations) - set(PERTURBATIONS)
         if unknown or not self.augmentations:
             raise ValueError(f"'augment_perturbations' must name some of "
@@ -249,24 +168,36 @@ class HumanSegConfig(TaskConfig):
         return [name for name in self.augment_perturbations.split(',') if name]
 
 
+#: Options of earlier versions, each with the last commit that has it: a
+#: run folder trained with one is refused with that commit's name.
+RETIRED_OPTIONS = {name: 'c539c4e' for name in (
+    'metric_mlp_weight_decay', 'learn_time_scale', 'value', 'residual',
+    'xyz_rotation', 'xyz_scaling', 'hks_time_jitter', 'hks_min_time',
+    'mesh_area', 'label_smoothing', 'corner_loss', 'val_source',
+    'former_cosine', 'step_lr_epochs', 'synthetic_root',
+    'former_diffusion_time_floor')}
+
+
 class HumanSegTask(Task):
     """Human mesh segmentation (MeshCNN human_seg, or synthetic humanoids)."""
     name = 'human_seg'
-    default_attentions = ('metric', 'l2', 'dot', 'gat', 'gatv2', 'transformer')
+    default_attentions = (STRONG_MODEL,)
     final_metric = 'test_face_acc'
     curve_metrics = ('train_loss', 'test_face_acc')
-    default_epochs = 100
+    default_epochs = 200
+    splits = ('test', 'val', 'train')
     config_class = HumanSegConfig
     config: HumanSegConfig
 
     def __init__(self, config: HumanSegConfig | None = None, **kwargs: Any):
         super().__init__(config, **kwargs)
         c = self.config
-        self.eval_split = 'val' if c.val_fraction > 0 or c.val_source else 'test'
-        self.final_metric = f'{self.eval_split}_face_acc'
-        self.curve_metrics = ('train_loss', self.final_metric)
+        #: The meshes evaluated after every epoch: the validation meshes held
+        #: out of the training meshes, or without them the test meshes.
+        self.eval_split = 'val' if c.val_fraction > 0 else 'test'
+        self.curve_metrics = ('train_loss', f'{self.eval_split}_face_acc')
         #: Every mesh's preprocessing: the data sets' pre_transform and
-        #: prepare_mesh's. No operator cache: the processed files hold them.
+        #: the segmenter's. No operator cache: the processed files hold them.
         #: The farthest-point ranks spare the former's global step a
         #: sampling loop in every forward pass.
         self.preprocessing = MeshPreprocessing(
@@ -292,22 +223,42 @@ class HumanSegTask(Task):
                                 'checkpoints, a coloured .ply and a rendering')
 
     # Data ------------------------------------------------------------------
-    def datasets(self) -> tuple[Any, Any]:
-        """``(train meshes, evaluation meshes)`` (evaluation: test or val)."""
+    def datasets(self) -> tuple[Any, Any, Any]:
+        """``(train meshes, validation meshes or None, test meshes)``, the
+        validation meshes held out of the training meshes with
+        ``val_fraction``."""
         if self._data is None:
             c = self.config
             if not c.root:
                 print(f'synthetic humanoids in {self.synthetic_root}')
             train, test = self.split_meshes('train'), self.split_meshes('test')
-            if c.val_source:
-                train, test = _split_by_source(train, c.val_source)
-            elif self.eval_split == 'val':
+            val = None
+            if c.val_fraction > 0:
                 generator = torch.Generator().manual_seed(c.data_seed)
                 order = torch.randperm(len(train), generator=generator)
                 num_val = max(1, round(c.val_fraction * len(train)))
-                train, test = train[order[num_val:]], train[order[:num_val]]
-            self._data = train, test
+                if num_val >= len(train):
+                    raise ValueError(f"'val_fraction={c.val_fraction}' holds "
+                                     f"out {num_val} of the {len(train)} "
+                                     f"training meshes: none would be left "
+                                     f"to train on")
+                train, val = train[order[num_val:]], train[order[:num_val]]
+            self._data = train, val, test
         return self._data
+
+    def meshes(self, split: str) -> Any:
+        """The processed meshes of ``'train'`` (without the validation
+        meshes), ``'val'`` or ``'test'``."""
+        train, val, test = self.datasets()
+        if split == 'val' and val is None:
+            raise ValueError("No validation meshes: the run held none out of "
+                             "the training meshes ('-o val_fraction=0'); "
+                             "score the test split")
+        try:
+            return {'train': train, 'val': val, 'test': test}[split]
+        except KeyError:
+            raise ValueError(f"'split' must be one of {self.splits}, got "
+                             f"{split!r}") from None
 
     def split_meshes(self, split: str) -> Any:
         """The processed meshes of the data's ``'train'`` or ``'test'``
@@ -322,16 +273,14 @@ class HumanSegTask(Task):
         return SyntheticHumans(str(self.synthetic_root), split, count, **common)
 
     def prepare_data(self) -> None:
-        self.augmented(self.datasets()[0])
+        self.augmented(self.meshes('train'))
 
     @property
     def synthetic_root(self) -> Path:
-        """Folder of the synthetic humanoids: ``synthetic_root``, else
-        ``processed_dir``, else ``DATA_HOME/synthetic_humans`` (``DATA_HOME``:
+        """Folder of the synthetic humanoids: ``processed_dir``, else
+        ``DATA_HOME/synthetic_humans`` (``DATA_HOME``:
         ``$PYG_METRIC_ATTN_DATA``, default ``~/.cache/pyg-metric-attn``)."""
-        c = self.config
-        return Path(c.synthetic_root or c.processed_dir
-                    or data_home() / 'synthetic_humans')
+        return Path(self.config.processed_dir or data_home() / 'synthetic_humans')
 
     @property
     def spectral_basis(self) -> int:
@@ -345,46 +294,17 @@ class HumanSegTask(Task):
         former's gradient features)."""
         return self.config.former.diffusion and self.config.former.gradients
 
-    def scaled(self, batch):
-        """The meshes scaled to ``mesh_area`` with their operators (as they
-        are without it)."""
-        if self.config.mesh_area is None:
-            return batch
-        # No checks on this hot path: the config's former_diffusion has every
-        # mesh prepared with all k eigenpairs of its HKS (spectral_basis).
-        return scale_to_area(batch, self.config.mesh_area, verify=False)
-
     def inputs(self, batch, augment: bool = False) -> torch.Tensor:
-        """The model input per vertex; when augmenting, coordinates are
-        rotated and scaled (``xyz_rotation``, ``xyz_scaling``) and HKS
-        rescaled in time (``hks_time_jitter``); HKS at other times than the
-        stored ones (``hks_min_time``) are computed from the eigenpairs."""
+        """The model input per vertex: the HKS, or the coordinates, each
+        mesh rotated at random when augmenting."""
         if self.config.features == 'hks':
-            jitter = self.config.hks_time_jitter
-            min_time = self.config.hks_min_time
-            if (not augment or jitter == 1) and min_time == HKS_MIN_TIME:
-                return batch.hks
-            log_scale = torch.zeros(batch.evals.size(0), device=batch.hks.device)
-            if augment:
-                log_scale = (2 * torch.rand_like(log_scale) - 1) * math.log(jitter)
-            return rescaled_heat_kernel_signatures(
-                batch.evals, batch.evecs, batch.batch,  # None: one mesh
-                log_scale.exp().to(batch.evals.dtype), batch.hks.size(1),
-                min_time)
-        c = self.config
+            return batch.hks
         if not augment:
             return batch.pos
-        maps = torch.eye(3, dtype=torch.float64).repeat(batch.num_graphs, 1, 1)
-        if c.xyz_rotation != 'none':
-            axis = 1 if c.xyz_rotation == 'up' else None
-            maps = torch.stack([random_rotation(axis=axis)
-                                for _ in range(batch.num_graphs)])
-        if c.xyz_scaling > 1:
-            log_scale = (2 * torch.rand(batch.num_graphs) - 1) * math.log(
-                c.xyz_scaling)
-            maps = maps * log_scale.exp().double()[:, None, None]
-        return torch.einsum('vij,vj->vi', maps.to(batch.pos)[batch.batch],
-                            batch.pos)
+        rotations = torch.stack([random_rotation()
+                                 for _ in range(batch.num_graphs)])
+        return torch.einsum('vij,vj->vi',
+                            rotations.to(batch.pos)[batch.batch], batch.pos)
 
     def augmented(self, train) -> Any:
         """The training meshes, each drawn from itself and its perturbed
@@ -422,34 +342,19 @@ class HumanSegTask(Task):
         time_scale = c.time_scale
         if isinstance(time_scale, dict):
             time_scale = time_scale[attention]
-        conv = attention_factory(
+        conv = attention_factory(  # the paper's propagation H' = S H: no value map
             attention, heads=c.heads, concat=False,
-            **metric_options(attention, value=c.value, mlp_channels=c.mlp_channels,
+            **metric_options(attention, value=False, mlp_channels=c.mlp_channels,
                              time_scale=time_scale,
-                             learn_time_scale=c.learn_time_scale,
-                             residual=c.residual,
                              normalization=c.normalization,
                              sinkhorn_iterations=c.sinkhorn_iterations))
         return IPN(in_channels, c.hidden, len(BODY_PARTS), c.num_layers,
                    conv=conv)
 
     def forward(self, model: torch.nn.Module, batch, augment: bool = False):
-        """Per-vertex logits of a batch of meshes."""
-        batch = self.scaled(batch)
-        x = self.inputs(batch, augment)
-        if isinstance(unwrap(model), DiffusionNet):
-            gradients = ((batch.grad_index, batch.grad_weight)
-                         if self.gradients else (None, None))
-            return model(x, batch.evecs, batch.evals, batch.mass, *gradients,
-                         batch=batch.batch)
-        if isinstance(unwrap(model), MetricMeshFormer):
-            keys = (('evecs', 'evals', 'mass') if self.spectral_basis else ())
-            keys += ('grad_index', 'grad_weight') if self.gradients else ()
-            keys += (('farthest_point_rank',)
-                     if 'farthest_point_rank' in batch else ())
-            return model(x, batch.edge_index, batch.batch, pos=batch.pos,
-                         **{key: batch[key] for key in keys})
-        return model(x, batch.edge_index)
+        """Per-vertex logits of a batch of meshes
+        (:func:`~pyg_metric_attn.nn.models.mesh_forward`)."""
+        return mesh_forward(model, self.inputs(batch, augment), batch)
 
     def evaluate(self, model: torch.nn.Module, meshes,
                  batch_size: int | None = None,
@@ -481,11 +386,10 @@ class HumanSegTask(Task):
     def evaluate_split(self, model: torch.nn.Module,
                        split: str) -> tuple[dict[str, Any], str]:
         """Face, edge and soft edge accuracy, per-class accuracy and the
-        confusion matrix on ``'test'`` (the evaluation meshes: the
-        validation ones with ``val_fraction``/``val_source``) or
-        ``'train'``."""
-        train, evaluation = self.datasets()
-        meter = self.evaluate(model, train if split == 'train' else evaluation)
+        confusion matrix on ``'test'``, ``'val'`` (the meshes held out with
+        ``val_fraction``) or ``'train'`` (the rest of the training
+        meshes)."""
+        meter = self.evaluate(model, self.meshes(split))
         result = {**meter.compute(), **meter.details()}
         width = max(len(name) for name in BODY_PARTS)
         lines = [f'{key}: {100 * result[key]:.2f}%' for key in
@@ -499,38 +403,26 @@ class HumanSegTask(Task):
 
     # Training --------------------------------------------------------------
     def training_loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
-        r"""Cross entropy over the faces of augmented inputs; with
-        ``label_smoothing`` :math:`\varepsilon` each face's target puts
-        :math:`1 - \varepsilon` on its label and spreads :math:`\varepsilon`
-        evenly over all classes. With ``corner_loss`` :math:`\lambda > 0`
-        plus :math:`\lambda` times the cross entropy over the faces' corner
-        points (:func:`~pyg_metric_attn.training.segmentation.corner_logits`,
-        each with its face's label), so that a face's label holds across
-        the face and not at its centroid alone: the corner points are what
-        the corner faces of a Loop-subdivided copy read out from a model
-        that subdivision does not change."""
-        return self.label_loss(self.forward(model, batch, augment=True), batch)
-
-    def label_loss(self, vertex_logits: torch.Tensor, batch) -> torch.Tensor:
-        """The loss of :meth:`training_loss` on ``batch``'s face labels, of
-        its vertex logits ``[N, classes]``."""
-        c = self.config
-        loss = F.cross_entropy(face_logits(vertex_logits, batch.face), batch.y,
-                               label_smoothing=c.label_smoothing)
-        if c.corner_loss:
-            corners = corner_logits(vertex_logits, batch.face)
-            loss = loss + c.corner_loss * F.cross_entropy(
-                corners.flatten(0, 1), batch.y.repeat(3),
-                label_smoothing=c.label_smoothing)
-        return loss
+        """Cross entropy over the faces, of augmented inputs."""
+        logits = self.forward(model, batch, augment=True)
+        return F.cross_entropy(face_logits(logits, batch.face), batch.y)
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Adam:
-        """Adam with the config's learning rate and weight decay (the
-        pseudo-metric MLPs' own with ``metric_mlp_weight_decay``)."""
-        c = self.config
-        return torch.optim.Adam(
-            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
-            lr=c.lr)
+        """Adam with the config's learning rate and weight decay."""
+        return torch.optim.Adam(model.parameters(), lr=self.config.lr,
+                                weight_decay=self.config.weight_decay)
+
+    def schedule(self, attention: str, optimizer: torch.optim.Optimizer
+                 ) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """The learning-rate schedule of the model's recipe: cosine to zero
+        over the epochs for the former, halved every 50 epochs for
+        DiffusionNet (its paper's), none for the IPN."""
+        if attention == STRONG_MODEL:
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                              self.epochs)
+        if attention == BASELINE_MODEL:
+            return torch.optim.lr_scheduler.StepLR(optimizer, 50, gamma=0.5)
+        return None
 
     def fit(self, attention: str, seed: int, out_dir: str | Path | None = None,
             resume: bool = False,
@@ -542,20 +434,13 @@ class HumanSegTask(Task):
         augmentations, and evaluates its share of the evaluation meshes."""
         c = self.config
         context = distributed or DistributedContext()
-        train, evaluation = self.datasets()
-        train = self.augmented(train)
+        train = self.augmented(self.meshes('train'))
+        evaluation = self.meshes(self.eval_split)
         seed_everything(seed)
         model = self.placement.move(self.build_model(attention))
         if context.is_distributed:
             seed_everything(context.rank_seed(seed))
         optimizer = self.build_optimizer(model)
-        scheduler = None
-        if attention == STRONG_MODEL and c.former_cosine:
-            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
-                                                                   self.epochs)
-        elif attention == BASELINE_MODEL:
-            scheduler = torch.optim.lr_scheduler.StepLR(
-                optimizer, c.step_lr_epochs, gamma=0.5)
 
         def batches(epoch: int):
             if context.is_distributed:
@@ -571,14 +456,17 @@ class HumanSegTask(Task):
                                  ).compute(f'{self.eval_split}_')
 
         trainer = Trainer(model, optimizer, self.training_loss, evaluate,
-                          scheduler=scheduler, out_dir=out_dir,
-                          progress=self.progress,
+                          scheduler=self.schedule(attention, optimizer),
+                          out_dir=out_dir, progress=self.progress,
                           desc=f'human_seg {attention} seed {seed}',
                           distributed=context, placement=self.placement)
         trainer.fit(batches, self.epochs, resume, before_training)
         return model, trainer
 
     def run(self, attention: str, seed: int) -> dict[str, Any]:
+        """Trains, then reads the test meshes once: ``final`` holds the last
+        epoch's metrics (of the validation meshes where they are held out)
+        and the test metrics with their details."""
         artifacts = self.config.artifacts
         out_dir = (Path(artifacts) / f'{attention}-seed{seed}'
                    if artifacts else None)
@@ -586,7 +474,9 @@ class HumanSegTask(Task):
         history = trainer.history
         final = {k: v for k, v in history[-1].items()
                  if k.startswith(f'{self.eval_split}_')}
-        final.update(self.evaluate(model, self.datasets()[1]).details())
+        test = self.evaluate(model, self.meshes('test'))
+        final.update(test.compute('test_'))
+        final.update(test.details())
         final['parameters'] = sum(p.numel() for p in model.parameters())
         if out_dir is not None:
             self.save_example(model, out_dir)
@@ -608,40 +498,32 @@ class HumanSegTask(Task):
         """Predicted face labels of one processed mesh (on the CPU)."""
         return self.face_scores(model, mesh).argmax(-1)
 
-    def prepare_mesh(self, pos, face, name: str):
-        """A mesh as read from its file, processed as the training meshes
-        were (:attr:`preprocessing`)."""
-        return self.preprocessing(mesh_data(pos, face, name))
+    def segmenter(self, model: torch.nn.Module) -> MeshSegmenter:
+        """``model`` with the preprocessing and inputs of this task's meshes,
+        for meshes from files (:class:`~pyg_metric_attn.pretrained.MeshSegmenter`,
+        on this task's device)."""
+        return MeshSegmenter(self.placement.move(model), self.preprocessing,
+                             BODY_PARTS, self.config.features)
+
+    def shipped_model(self) -> MeshSegmenter:
+        """The shipped human_seg model (:func:`pyg_metric_attn.pretrained.human_seg`)
+        on this task's device."""
+        from pyg_metric_attn.pretrained import human_seg
+
+        return human_seg(device=self.placement.device)
 
     def predict_files(self, model: torch.nn.Module, paths: Sequence[Path],
                       out_dir: Path) -> Iterator[tuple[Path, str | Exception]]:
-        """Segment mesh files (.obj, .off, .ply, .stl): per mesh
-        ``OUT/NAME.ply`` (faces coloured by part), ``NAME.png`` (a
-        rendering) and ``NAME.txt`` (a label per face), NAME the file's stem
-        (see :func:`output_names`); a file that is no usable mesh yields its
-        :class:`~pyg_metric_attn.geometry.MeshError`."""
-        for path, name in zip(paths, output_names(paths), strict=True):
-            try:
-                pos, face = read_mesh(path)
-                mesh = self.prepare_mesh(pos, face, path.name)
-            except MeshError as error:
-                yield path, error
-                continue
-            labels = self.predict(model, mesh).numpy()
-            write_segmented_ply(out_dir / f'{name}.ply', pos, face,
-                                label_colors(labels))
-            atomic_write_text(out_dir / f'{name}.txt',
-                              ''.join(f'{label}\n' for label in labels))
-            render_segmentations(out_dir / f'{name}.png', mesh.pos.numpy(), face,
-                                 [labels], [f'{path.name}: prediction'],
-                                 BODY_PARTS)
-            yield path, f'{out_dir}/{name}.{{ply,png,txt}}'
+        """Segment mesh files: :meth:`MeshSegmenter.predict_files
+        <pyg_metric_attn.pretrained.MeshSegmenter.predict_files>`."""
+        with self.placement.autocast():
+            yield from self.segmenter(model).predict_files(paths, out_dir)
 
     def save_example(self, model: torch.nn.Module, out_dir: Path,
                      index: int = 0) -> list[Path]:
         """``segmentation.png`` (truth vs prediction) and ``prediction.ply`` of
         one evaluation mesh."""
-        mesh = self.datasets()[1][index]
+        mesh = self.meshes(self.eval_split)[index]
         predicted = self.predict(model, mesh).numpy()
         pos, face = mesh.pos.numpy(), mesh.face.t().numpy()
         accuracy = (predicted == mesh.y.numpy()).mean()
@@ -652,32 +534,3 @@ class HumanSegTask(Task):
         write_segmented_ply(out_dir / 'prediction.ply', pos, face,
                             label_colors(predicted))
         return [out_dir / 'segmentation.png', out_dir / 'prediction.ply']
-
-
-def output_names(paths: Sequence[Path]) -> list[str]:
-    """Distinct output names of mesh files: the file's stem, with its
-    extension where stems repeat (``a.obj``, ``a.stl`` -> ``a-obj``,
-    ``a-stl``), then numbered where names still repeat."""
-    stems = Counter(path.stem for path in paths)
-    names: list[str] = []
-    for path in paths:
-        name = (path.stem if stems[path.stem] == 1
-                else f'{path.stem}-{path.suffix[1:].lower()}')
-        candidate, number = name, 1
-        while candidate in names:
-            number += 1
-            candidate = f'{name}-{number}'
-        names.append(candidate)
-    return names
-
-
-def _split_by_source(meshes, prefix: str) -> tuple[Any, Any]:
-    """``(meshes whose name does not start with prefix, those that do)``."""
-    held_out = torch.tensor([data.name.startswith(prefix) for data in meshes],
-                            dtype=torch.bool)
-    if not held_out.any() or held_out.all():
-        sources = sorted({data.name.split('__')[0] for data in meshes})
-        raise ValueError(f"'val_source={prefix}' must name some but not all "
-                         f"training meshes (name prefixes; sources here: "
-                         f"{sources})")
-    return meshes[~held_out], meshes[held_out]

@@ -37,7 +37,6 @@ from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
 from pyg_metric_attn.nn.normalization import Normalization
 from pyg_metric_attn.training.trainer import Trainer, seed_everything
-from pyg_metric_attn.training.weight_decay import weight_decay_groups
 from pyg_metric_attn.utils.download import download_url
 
 #: The raw files of a Planetoid graph: ``ind.NAME.EXTENSION``.
@@ -130,9 +129,6 @@ class PlanetoidConfig(TaskConfig):
     dropout: float = setting(0.6, ge=0, lt=1)
     lr: float = setting(0.005, gt=0)
     weight_decay: float = setting(5e-4, ge=0)
-    #: Weight decay of the pseudo-metric maps' tanh MLPs (None: 'weight_decay';
-    #: see :mod:`pyg_metric_attn.training.weight_decay`).
-    metric_mlp_weight_decay: float | None = setting(None, ge=0)
     #: Epochs without a better validation score before training stops.
     patience: int = setting(100, ge=1)
     #: 'val_acc': best validation accuracy (ties: loss); 'val_acc_and_loss':
@@ -187,9 +183,8 @@ class PlanetoidTask(Task):
                                         normalization=c.normalization,
                                         sinkhorn_iterations=c.sinkhorn_iterations))
         model = self.placement.move(model)
-        optimizer = torch.optim.Adam(
-            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
-            lr=c.lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
+                                     weight_decay=c.weight_decay)
 
         def step(model: torch.nn.Module, data: Data) -> Tensor:
             out = model(data.x, data.edge_index)

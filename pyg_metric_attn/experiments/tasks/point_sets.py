@@ -37,7 +37,6 @@ from pyg_metric_attn.training import (
     eval_mode,
     seed_everything,
 )
-from pyg_metric_attn.training.weight_decay import weight_decay_groups
 from pyg_metric_attn.utils.point_sets import shuffled_sets
 
 
@@ -64,9 +63,6 @@ class PointSetConfig(TaskConfig):
     attention_dropout: float = setting(0.0, ge=0, lt=1)
     lr: float = setting(1e-3, gt=0)
     weight_decay: float = setting(1e-4, ge=0)
-    #: Weight decay of the pseudo-metric maps' tanh MLPs (None: 'weight_decay';
-    #: see :mod:`pyg_metric_attn.training.weight_decay`).
-    metric_mlp_weight_decay: float | None = setting(None, ge=0)
     #: Points per set.
     set_size: int = setting(100, ge=1)
     #: Training points held out for validation (the last ones).
@@ -145,9 +141,8 @@ class PointSetTask(Task):
         x_train, y_train = splits.pop('train')
         seed_everything(seed)
         model = self.placement.move(self.build_model(attention))
-        optimizer = torch.optim.Adam(
-            weight_decay_groups(model, c.weight_decay, c.metric_mlp_weight_decay),
-            lr=c.lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=c.lr,
+                                     weight_decay=c.weight_decay)
 
         def batches(epoch: int):
             generator = epoch_generator(seed, epoch)

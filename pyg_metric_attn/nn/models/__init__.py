@@ -10,6 +10,7 @@ from pyg_metric_attn.nn.models.mesh_former import (
     MetricMeshFormerBlock,
     MetricMeshFormerConfig,
 )
+from pyg_metric_attn.nn.models.mesh_forward import mesh_forward
 from pyg_metric_attn.nn.models.point_set_classifier import PointSetClassifier
 from pyg_metric_attn.nn.models.transformer import (
     MetricTransformer,
@@ -21,4 +22,4 @@ __all__ = ['DiffusionNet', 'DiffusionNetBlock', 'DiffusionNetConfig', 'IPN',
            'MetricMeshFormer', 'MetricMeshFormerBlock',
            'MetricMeshFormerConfig', 'MetricTransformer', 'PointSetClassifier',
            'MetricTransformerDecoderLayer', 'MetricTransformerEncoderLayer',
-           'beam_search', 'greedy_decode']
+           'beam_search', 'greedy_decode', 'mesh_forward']

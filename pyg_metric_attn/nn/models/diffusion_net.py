@@ -145,6 +145,12 @@ class DiffusionNet(torch.nn.Module):
           *(optional)*
         - **output:** vertex outputs :math:`(N, F_{out})`
     """
+    #: The keyword arguments of :meth:`forward` that a batch of meshes
+    #: prepared by :class:`~pyg_metric_attn.transforms.MeshPreprocessing`
+    #: carries under the same names (how a task feeds any mesh model).
+    mesh_inputs = ('evecs', 'evals', 'mass', 'grad_index', 'grad_weight',
+                   'batch')
+
     def __init__(self, in_channels: int, out_channels: int,
                  config: DiffusionNetConfig | None = None, **kwargs: Any):
         super().__init__()

@@ -68,6 +68,11 @@ class IPN(torch.nn.Module):
           :math:`(|\mathcal{E}|, D_e)` *(optional)*
         - **output:** class logits :math:`(|\mathcal{V}|, F_{out})`
     """
+    #: The keyword arguments of :meth:`forward` that a batch of meshes
+    #: prepared by :class:`~pyg_metric_attn.transforms.MeshPreprocessing`
+    #: carries under the same names (how a task feeds any mesh model).
+    mesh_inputs = ('edge_index',)
+
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int = 1,
                  conv: torch.nn.Module | ConvFactory | None = None,

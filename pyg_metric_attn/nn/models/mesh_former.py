@@ -71,8 +71,6 @@ class MetricMeshFormerBlock(torch.nn.Module):
         diffusion (bool): Add the heat diffusion step. (default: :obj:`False`)
         gradients (bool): Add the gradient features (needs ``diffusion``).
             (default: :obj:`False`)
-        diffusion_time_floor (float): The diffusion's ``time_floor`` (see
-            :class:`HeatDiffusion`). (default: :obj:`0.0`)
         normalization (str): The similarity normalisation of both attentions
             (``'row'``, ``'column'``, ``'sinkhorn'`` or ``'global'``: per
             mesh, see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
@@ -89,8 +87,7 @@ class MetricMeshFormerBlock(torch.nn.Module):
                  global_attention: bool = True, metric: str = 'metric',
                  diffusion: bool = False, gradients: bool = False,
                  normalization: str = 'row', sinkhorn_iterations: int = 3,
-                 local_attention: bool = True,
-                 diffusion_time_floor: float = 0.0):
+                 local_attention: bool = True):
         super().__init__()
         if channels % heads:
             raise ValueError(f"'channels' ({channels}) must be divisible by "
@@ -99,8 +96,7 @@ class MetricMeshFormerBlock(torch.nn.Module):
             raise ValueError("'gradients' takes the gradients of the diffused "
                              "features: it needs 'diffusion=True'")
         self.norm_diffusion = LayerNorm(channels) if diffusion else None
-        self.diffusion = (HeatDiffusion(channels, time_floor=diffusion_time_floor)
-                          if diffusion else None)
+        self.diffusion = HeatDiffusion(channels) if diffusion else None
         self.gradient_features = (SpatialGradientFeatures(channels)
                                   if gradients else None)
         self.lin_diffusion = (Linear((2 if gradients else 1) * channels, channels)
@@ -115,8 +111,7 @@ class MetricMeshFormerBlock(torch.nn.Module):
         self.norm_global = LayerNorm(channels) if global_attention else None
         # The global step measures distances at the local step's metric
         # width (the head width), not MetricMultiheadAttention's default of
-        # one less (a flash-native augmented width): the results and
-        # checkpoints in RESULTS.md have this width.
+        # one less (a flash-native augmented width).
         self.global_attention = MetricMultiheadAttention(
             channels, heads, metric=metric, time_scale=time_scale,
             learn_time_scale=learn_time_scale, metric_channels=channels // heads,
@@ -223,9 +218,6 @@ class MetricMeshFormerConfig:
         gradients (bool): Add spatial gradient features of the diffused
             channels (needs ``diffusion``); the forward pass then needs the
             meshes' ``grad_index`` and ``grad_weight``. (default: :obj:`False`)
-        diffusion_time_floor (float): The least time of every diffusion
-            channel, :math:`t_c = t_0 + e^{s_c}` (needs ``diffusion``; see
-            :class:`~pyg_metric_attn.nn.HeatDiffusion`). (default: :obj:`0.0`)
         normalization (str): The similarity normalisation of both attentions:
             ``'row'`` (softmax), ``'column'``, ``'sinkhorn'`` or ``'global'``
             (see :class:`MetricAttentionConv`). (default: :obj:`'row'`)
@@ -246,7 +238,6 @@ class MetricMeshFormerConfig:
     normalization: Normalization = 'row'
     sinkhorn_iterations: int = 3
     local_attention: bool = True
-    diffusion_time_floor: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ('hidden_channels', 'num_layers', 'heads', 'global_stride'):
@@ -259,9 +250,6 @@ class MetricMeshFormerConfig:
                              f"be divisible by 'heads' ({self.heads})")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"'dropout' must be in [0, 1), got {self.dropout!r}")
-        if self.diffusion_time_floor and not self.diffusion:
-            raise ValueError("'diffusion_time_floor' bounds the times of the "
-                             "heat diffusion: it needs 'diffusion=True'")
         check_metric(self.metric)
         check_normalization(self.normalization, self.sinkhorn_iterations)
         if self.time_scale is not None:
@@ -281,6 +269,12 @@ class MetricMeshFormer(torch.nn.Module):
         **kwargs (optional): Fields of :class:`MetricMeshFormerConfig` that
             replace those of ``config``, e.g. ``hidden_channels=64``.
     """
+    #: The keyword arguments of :meth:`forward` that a batch of meshes
+    #: prepared by :class:`~pyg_metric_attn.transforms.MeshPreprocessing`
+    #: carries under the same names (how a task feeds any mesh model).
+    mesh_inputs = ('edge_index', 'batch', 'evecs', 'evals', 'mass',
+                   'grad_index', 'grad_weight', 'pos', 'farthest_point_rank')
+
     def __init__(self, in_channels: int, out_channels: int,
                  config: MetricMeshFormerConfig | None = None, **kwargs: Any):
         super().__init__()
@@ -295,14 +289,15 @@ class MetricMeshFormer(torch.nn.Module):
             time_scale = 2.0 * config.hidden_channels / config.heads
         self.lin_in = Linear(in_channels, config.hidden_channels)
         self.blocks = torch.nn.ModuleList([
-            MetricMeshFormerBlock(config.hidden_channels, config.heads,
-                                  time_scale, config.learn_time_scale,
-                                  config.dropout, config.global_attention,
-                                  config.metric, config.diffusion,
-                                  config.gradients, config.normalization,
-                                  config.sinkhorn_iterations,
-                                  config.local_attention,
-                                  config.diffusion_time_floor)
+            MetricMeshFormerBlock(
+                config.hidden_channels, config.heads, time_scale,
+                learn_time_scale=config.learn_time_scale,
+                dropout=config.dropout, metric=config.metric,
+                global_attention=config.global_attention,
+                local_attention=config.local_attention,
+                diffusion=config.diffusion, gradients=config.gradients,
+                normalization=config.normalization,
+                sinkhorn_iterations=config.sinkhorn_iterations)
             for _ in range(config.num_layers)
         ])
         self.norm_out = LayerNorm(config.hidden_channels)
