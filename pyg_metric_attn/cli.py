@@ -75,13 +75,13 @@ def _task_flags(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, dest) is not None}
 
 
-def _load_run(args: argparse.Namespace):
-    """``(task, model)`` of a run folder written by ``train``, the model
-    holding its best checkpoint."""
+def _load_run(args: argparse.Namespace, run: str | Path | None = None):
+    """``(task, model)`` of a run folder written by ``train`` (``run``,
+    default ``args.run``), the model holding its best checkpoint."""
     from pyg_metric_attn.experiments.run_folder import load_run
 
     options = {**dict(args.option), **_task_flags(args)}
-    task, model, description = load_run(args.run, args.task, options,
+    task, model, description = load_run(run or args.run, args.task, options,
                                         args.command, device=args.device,
                                         precision=args.precision)
     print(description)
@@ -112,6 +112,7 @@ def _train(args: argparse.Namespace) -> int:
                    / f'{attention}-seed{args.seed}')
         config = {'task': args.task, 'attention': attention, 'seed': args.seed,
                   'epochs': task.epochs, 'options': options,
+                  'config_version': task.config_version,
                   'device': task.placement.device.type,  # a record only
                   'precision': task.placement.precision}
 
@@ -148,11 +149,28 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    task, model = _load_run(args)
-    out = Path(args.out or Path(args.run) / 'predictions')
-    paths = [Path(path) for path in args.inputs]
+    from pyg_metric_attn.experiments import TASKS
+
+    first, *rest = (Path(path) for path in args.paths)
+    if not first.exists():
+        raise FileNotFoundError(f"'{first}' is no run folder and no input "
+                                f"file: no such file or folder")
+    if first.is_dir():  # a run folder, then the inputs
+        if not rest:
+            raise ValueError(f"Give the input files after the run folder "
+                             f"'{first}'")
+        task, model = _load_run(args, first)
+        paths, out = rest, Path(args.out or first / 'predictions')
+        outcomes = task.predict_files(model, paths, out)
+    else:  # the model shipped with the package
+        task = TASKS[args.task](progress=False, device=args.device,
+                                precision=args.precision)
+        segmenter = task.shipped_model()
+        print(segmenter.description)
+        paths, out = [first, *rest], Path(args.out or 'predictions')
+        outcomes = segmenter.predict_files(paths, out)
     failed = 0
-    for path, outcome in task.predict_files(model, paths, out):
+    for path, outcome in outcomes:
         if not isinstance(outcome, Exception):
             print(f'{path} -> {outcome}')
             continue
@@ -242,8 +260,9 @@ COMMAND_HELP = {
     'train': 'train one model with checkpoints, metrics (and, where the task '
              'makes them, renderings) in --out',
     'evaluate': 'the metrics of a trained run on a data split',
-    'predict': 'a trained run\'s predictions for input files (meshes: a .ply '
-               'with per-face colours, a PNG rendering, the labels per face)',
+    'predict': 'predictions for input files by a trained run, or by the '
+               'model shipped with the package (meshes: a .ply with per-face '
+               'colours, a PNG rendering, the labels per face)',
 }
 #: The theory's measurements under ``experiment`` (not tasks): name ->
 #: (module, summary).
@@ -384,12 +403,12 @@ def _evaluate_arguments(task_cls: type[Task],
 
 def _predict_arguments(task_cls: type[Task],
                        sub: argparse.ArgumentParser) -> None:
-    sub.add_argument('run', help='run folder written by train')
-    sub.add_argument('inputs', nargs='+', metavar='INPUT',
-                     help='input files (meshes: .obj, .off, .ply or .stl; '
-                     'outputs are named by file stem)')
-    sub.add_argument('--out', help='output folder (default: '
-                     'RUN/predictions)')
+    sub.add_argument('paths', nargs='+', metavar='[RUN] INPUT',
+                     help='a run folder written by train (default: the model '
+                     'shipped with the package), then the input files (meshes: '
+                     '.obj, .off, .ply or .stl; outputs are named by file stem)')
+    sub.add_argument('--out', help='output folder (default: RUN/predictions, '
+                     'or ./predictions with the shipped model)')
     sub.set_defaults(func=_predict)
 
 
@@ -402,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      parser_class=_Parser)
     usages = {'experiment': None, 'train': '%(prog)s [TASK] ...',
               'evaluate': '%(prog)s [TASK] RUN ...',
-              'predict': '%(prog)s [TASK] RUN INPUT ...'}
+              'predict': '%(prog)s [TASK] [RUN] INPUT ...'}
     for name, arguments in (('experiment', _experiment_arguments),
                             ('train', _train_arguments),
                             ('evaluate', _evaluate_arguments),

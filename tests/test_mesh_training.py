@@ -694,3 +694,40 @@ def test_synthetic_data_go_to_the_data_folder_and_are_named(tmp_path, monkeypatc
                                              / 'pyg-metric-attn' / 'synthetic_humans')
 
 
+
+
+def test_run_folders_of_earlier_config_versions_load_with_their_defaults(
+        trained_run, tmp_path, capsys):
+    """A run records the options it was given and its config version; one of
+    version 1 (before the recipe became the default) is rebuilt with the
+    defaults of then, one with a retired option is refused by name, one of
+    a newer version too."""
+    from pyg_metric_attn.experiments.run_folder import load_run
+
+    config = json.loads((trained_run / 'config.json').read_text())
+    assert config['config_version'] == HumanSegTask.config_version == 2
+    old = tmp_path / 'old'
+    old.mkdir()
+    for path in trained_run.glob('*.pt'):
+        (old / path.name).write_bytes(path.read_bytes())
+    recorded = {key: value for key, value in config['options'].items()
+                if key not in ('augment_copies', 'mesh_smoothing', 'val_fraction')}
+    (old / 'config.json').write_text(json.dumps(
+        {**{k: v for k, v in config.items() if k != 'config_version'},
+         'options': recorded}))
+    task, _, _ = load_run(old, 'human_seg', {})
+    c = task.config
+    assert (c.weight_decay, c.augment_copies, c.mesh_smoothing, c.val_fraction,
+            c.batch_size) == (1e-4, 0, 0, 0.0, SMALL['batch_size'])
+    assert c.augment_perturbations == 'decimation,anisotropic_scaling,jitter'
+    (old / 'config.json').write_text(json.dumps(
+        {**config, 'config_version': 1,
+         'options': {**recorded, 'corner_loss': 4.0, 'label_smoothing': 0.1}}))
+    assert main(['evaluate', str(old)]) == 1
+    assert (f"'{old}' was trained with options that have left pyg-metric-attn: "
+            f"corner_loss (last in c539c4e), label_smoothing (last in c539c4e); "
+            f"check out that commit") in capsys.readouterr().err
+    (old / 'config.json').write_text(json.dumps({**config, 'config_version': 3}))
+    with pytest.raises(ValueError, match='written by a newer pyg-metric-attn '
+                       r'\(config version 3; this one reads up to 2\)'):
+        load_run(old, 'human_seg', {})

@@ -36,9 +36,11 @@ def load_run(run: str | Path, task_name: str, options: dict[str, Any],
         raise ValueError(f"'{run}' is a run of the {trained_by} task: "
                          f"'pyg-metric-attn {command} {trained_by} "
                          f"{run} ...'")
-    task = TASKS[task_name](epochs=config['epochs'], progress=False,
-                            device=device, precision=precision,
-                            **{**config['options'], **options})
+    task_cls = TASKS[task_name]
+    recorded = task_cls.run_options(config['options'],
+                                    config.get('config_version', 1), f"'{run}'")
+    task = task_cls(epochs=config['epochs'], progress=False, device=device,
+                    precision=precision, **{**recorded, **options})
     model = task.build_model(config['attention'])
     state = load_best_model(model, run)
     model = task.placement.move(model)

@@ -63,6 +63,16 @@ class Task(ABC):
     default_epochs: ClassVar[int | None] = None
     #: The data splits :meth:`evaluate_split` scores, the first by default.
     splits: ClassVar[tuple[str, ...]] = ('test', 'train')
+    #: The version of :attr:`config_class`'s defaults, recorded with every
+    #: run ``train`` writes (a run records the options it was given, the
+    #: rest are the defaults of its version).
+    config_version: ClassVar[int] = 1
+    #: Per earlier version, the defaults that have changed since: a run of
+    #: that version is rebuilt with them under its own options.
+    earlier_defaults: ClassVar[dict[int, dict[str, Any]]] = {}
+    #: Options of earlier versions that are gone, each with the last commit
+    #: that has it: a run folder trained with one is refused with its name.
+    retired_options: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: TaskConfig | None = None, *,
                  epochs: int | None = None, progress: bool = True,
@@ -72,6 +82,28 @@ class Task(ABC):
         self.epochs = epochs or self.default_epochs
         self.progress = progress
         self.placement = Placement.of(device, precision)
+
+    @classmethod
+    def run_options(cls, recorded: dict[str, Any], version: int,
+                    run: str = 'the run') -> dict[str, Any]:
+        """The options that rebuild a run recorded with the config
+        ``version``: its ``recorded`` options over the defaults that have
+        changed since. A run with a retired option is refused."""
+        if version > cls.config_version:
+            raise ValueError(f"{run} was written by a newer pyg-metric-attn "
+                             f"(config version {version}; this one reads up "
+                             f"to {cls.config_version})")
+        retired = sorted(set(recorded) & set(cls.retired_options))
+        if retired:
+            commits = ', '.join(f'{name} (last in {cls.retired_options[name]})'
+                                for name in retired)
+            raise ValueError(f"{run} was trained with options that have left "
+                             f"pyg-metric-attn: {commits}; check out that commit "
+                             f"to use it")
+        defaults: dict[str, Any] = {}
+        for earlier in range(version, cls.config_version):
+            defaults = {**cls.earlier_defaults.get(earlier, {}), **defaults}
+        return {**defaults, **recorded}
 
     @classmethod
     def parse_option(cls, text: str) -> tuple[str, Any]:

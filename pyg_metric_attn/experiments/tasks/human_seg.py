@@ -168,8 +168,13 @@ class HumanSegConfig(TaskConfig):
         return [name for name in self.augment_perturbations.split(',') if name]
 
 
-#: Options of earlier versions, each with the last commit that has it: a
-#: run folder trained with one is refused with that commit's name.
+#: The defaults of version 1 of the config (up to commit c539c4e) that the
+#: recipe has changed.
+VERSION_1_DEFAULTS = dict(weight_decay=1e-4, batch_size=8, augment_copies=0,
+                          augment_perturbations='decimation,anisotropic_scaling,'
+                                                'jitter',
+                          mesh_smoothing=0, val_fraction=0.0)
+#: Options of version 1 that are gone, all last in commit c539c4e.
 RETIRED_OPTIONS = {name: 'c539c4e' for name in (
     'metric_mlp_weight_decay', 'learn_time_scale', 'value', 'residual',
     'xyz_rotation', 'xyz_scaling', 'hks_time_jitter', 'hks_min_time',
@@ -187,6 +192,9 @@ class HumanSegTask(Task):
     default_epochs = 200
     splits = ('test', 'val', 'train')
     config_class = HumanSegConfig
+    config_version = 2
+    earlier_defaults = {1: VERSION_1_DEFAULTS}
+    retired_options = RETIRED_OPTIONS
     config: HumanSegConfig
 
     def __init__(self, config: HumanSegConfig | None = None, **kwargs: Any):
