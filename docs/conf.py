@@ -30,8 +30,12 @@ autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_custom_sections = ['Shapes']  # PyG's shapes: a bullet list, kept
-exclude_patterns = ['_build', 'results']
+# docs/design/*.dot and render.py, docs/results/**/*.md, *.json: sources of
+# figures and raw results beside the pages, not pages.
+exclude_patterns = ['_build']
 html_theme = 'alabaster'
+# Wide enough for the results' tables.
+html_theme_options = {'page_width': '1180px', 'sidebar_width': '240px'}
 html_static_path = []
 # Every cross-reference must resolve (a broken one fails `make docs`), except
 # those into other projects: their inventories would need the network.
