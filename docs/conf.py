@@ -30,8 +30,8 @@ autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_custom_sections = ['Shapes']  # PyG's shapes: a bullet list, kept
-# docs/design/*.dot and render.py, docs/results/**/*.md, *.json: sources of
-# figures and raw results beside the pages, not pages.
+# Only the .rst files are pages: the figures' sources and the raw results
+# beside them (docs/design/*.dot, docs/results/**) are not read.
 exclude_patterns = ['_build']
 html_theme = 'alabaster'
 # Wide enough for the results' tables.
