@@ -17,6 +17,9 @@ extensions = [
     'sphinx.ext.napoleon',  # PyG's Google-style "Args:" sections
     'sphinx.ext.mathjax',
     'sphinx.ext.viewcode',
+    # MathJax from the package's own copy, not from a CDN: the formulas
+    # render without a network (tests/test_docs.py checks the built pages).
+    'sphinx-mathjax-offline',  # (its module's name, hyphens and all)
 ]
 # Only the optional packages that this environment lacks are mocked, so that
 # the pages of modules that need them still build.
