@@ -81,3 +81,33 @@ def test_every_design_diagram_matches_its_source(tmp_path):
         f'{edited.stem}.svg was not drawn from the current {edited.name}']
     os.remove(tmp_path / f'{edited.stem}.svg')
     assert render.stale(tmp_path) == [f'{edited.stem}.svg is missing']
+
+
+def test_the_gpu_figure_reads_the_gpu_pages_ratios(tmp_path):
+    """``benchmarks/gpu_figure.py`` takes its ratios from the committed
+    ``gpu.json`` files, and they are the ones the GPU page and the README
+    quote (metric-triton / GATConv, fwd+bwd, float32; the dense module)."""
+    import json
+
+    from benchmarks import gpu_figure
+
+    graphs = [(nodes, edges) for nodes, edges, _ in gpu_figure.GRAPHS]
+    quoted = {'gpu-2026-11-27-second': ([1.06, 1.16, 0.46, 0.35, None],
+                                        [1.27, 1.12, 0.99]),
+              'gpu-2026-11-27': ([1.29, 1.23, 0.46, 0.34, 0.33],
+                                 [None, None, None]),
+              'gpu-2026-11-26': ([2.00, 1.19, 0.45, 0.33, None],
+                                 [1.68, 1.22, 1.02])}
+    for name, (sparse, dense) in quoted.items():
+        results = json.loads((gpu_figure.RESULTS / name / 'gpu.json').read_text())
+        table = gpu_figure.medians(results['results'])
+        for measured, expected in (
+                (gpu_figure.ratios(table, 'sparse', 'metric-triton', 'GATConv',
+                                   graphs, 'float32'), sparse),
+                (gpu_figure.ratios(table, 'dense-module', 'mha-metric', 'mha-dot',
+                                   list(gpu_figure.LENGTHS), 'bfloat16'), dense)):
+            assert [None if value is None else round(value + 1e-9, 2)
+                    for value in measured] == expected, name
+    out = tmp_path / 'ratios.png'
+    gpu_figure.main(['--out', str(out)])
+    assert out.stat().st_size > 10_000
