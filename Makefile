@@ -94,11 +94,17 @@ test-core: $(CORE_VENV)/.installed
 check-package: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python .ci/check_package.py
 
-## The API reference (Sphinx, docs/): docs/_build/html/index.html. Warnings
-## are errors (a broken cross-reference or a malformed docstring fails).
+## The documentation (Sphinx, docs/): docs/_build/html/index.html, the API
+## reference, the results and the design page. Warnings are errors (a broken
+## cross-reference or a malformed docstring fails); then no page may load a
+## script or stylesheet from the network (MathJax comes with
+## sphinx-mathjax-offline) and the design page's diagrams must match their
+## sources (docs/design/render.py redraws them; it needs Graphviz).
 SPHINXOPTS ?= -W --keep-going
 docs: $(call stamp,$(DOCS_EXTRAS))
+	$(BIN)/python docs/design/render.py --check
 	$(BIN)/python -m sphinx -b html $(SPHINXOPTS) docs docs/_build/html
+	$(BIN)/python docs/check_offline.py docs/_build/html
 
 ## The suite on a GPU machine, in one command (no venv: the machine's python
 ## with torch for CUDA): the CUDA-parametrised tests with --device cuda, then

@@ -3,7 +3,7 @@ graph model from 200k to 50M edges.
 
     python -m benchmarks.run --suite scale [--edges E ...] [--resume]
     python -m benchmarks.scale [--results benchmarks/results/scale.json]
-        [--plot docs/scale.png]
+        [--plot docs/results/graphs/scale.png]
 
 :mod:`benchmarks.run` measures every cell (one variant on one graph) in a fresh
 process under the memory cap and the timeout; before it starts a cell,

@@ -17,6 +17,9 @@ extensions = [
     'sphinx.ext.napoleon',  # PyG's Google-style "Args:" sections
     'sphinx.ext.mathjax',
     'sphinx.ext.viewcode',
+    # MathJax from the package's own copy, not from a CDN: the formulas
+    # render without a network (tests/test_docs.py checks the built pages).
+    'sphinx-mathjax-offline',  # (its module's name, hyphens and all)
 ]
 # Only the optional packages that this environment lacks are mocked, so that
 # the pages of modules that need them still build.
@@ -30,8 +33,12 @@ autosummary_generate = False
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_custom_sections = ['Shapes']  # PyG's shapes: a bullet list, kept
-exclude_patterns = ['_build', 'results']
+# Only the .rst files are pages: the figures' sources and the raw results
+# beside them (docs/design/*.dot, docs/results/**) are not read.
+exclude_patterns = ['_build']
 html_theme = 'alabaster'
+# Wide enough for the results' tables.
+html_theme_options = {'page_width': '1180px', 'sidebar_width': '240px'}
 html_static_path = []
 # Every cross-reference must resolve (a broken one fails `make docs`), except
 # those into other projects: their inventories would need the network.

@@ -18,10 +18,10 @@ from pyg_metric_attn.geometry import (
     laplacian,
     mesh_edges,
     normalize_positions,
+    random_rotation,
     tangent_frames,
     vertex_fan_counts,
 )
-from pyg_metric_attn.transforms import random_rotation
 
 
 @pytest.fixture(scope='module')
@@ -198,3 +198,24 @@ def test_degenerate_meshes_get_clear_errors_or_robust_results():
     assert method == 'robust'
     evals, evecs = eigendecomposition(L, mass, k=8)
     assert np.isfinite(heat_kernel_signature(evals, evecs, 16)).all()
+
+
+def test_random_rotation_is_a_rotation_and_the_transform_applies_it():
+    import torch
+    from torch_geometric.data import Data
+
+    from pyg_metric_attn.transforms import RandomRotation
+
+    for axis in (None, 0, 1, 2):
+        rotation = random_rotation(torch.Generator().manual_seed(3), axis=axis)
+        np.testing.assert_allclose((rotation @ rotation.T).numpy(), np.eye(3),
+                                   atol=1e-12)
+        assert torch.det(rotation).item() == pytest.approx(1.0)
+        if axis is not None:  # the axis stays where it is
+            assert rotation[axis, axis].item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="'axis' must be 0, 1 or 2"):
+        random_rotation(axis=3)
+    pos = torch.randn(5, 3, dtype=torch.float64)
+    rotated = RandomRotation(torch.Generator().manual_seed(7))(Data(pos=pos.clone()))
+    expected = pos @ random_rotation(torch.Generator().manual_seed(7)).T
+    torch.testing.assert_close(rotated.pos, expected)

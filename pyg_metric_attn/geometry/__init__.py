@@ -1,7 +1,8 @@
 r"""DiffusionNet-style geometry of triangle meshes, one function per operator
 with explicit arguments: normalisation, Laplacians, eigenpairs, heat kernel
 signatures, tangent gradients, Taubin smoothing, perturbed copies of a mesh
-(remeshed, deformed, rotated, renumbered), and a content-keyed operator cache
+(remeshed, deformed, rotated, renumbered), random rotations, and a
+content-keyed operator cache
 (:class:`~pyg_metric_attn.transforms.MeshPreprocessing` composes them)."""
 from pyg_metric_attn.geometry.cache import OperatorCache, operator_cache_key
 from pyg_metric_attn.geometry.gradients import (
@@ -38,6 +39,7 @@ from pyg_metric_attn.geometry.perturbations import (
     nearest_faces,
     perturb_mesh,
 )
+from pyg_metric_attn.geometry.rotation import random_rotation
 from pyg_metric_attn.geometry.smoothing import taubin_smoothing, umbrella_operator
 from pyg_metric_attn.geometry.spectral import (
     HKS_MIN_TIME,
@@ -54,7 +56,7 @@ __all__ = [
     'gradient_coefficients', 'gradient_operators', 'heat_kernel_signature',
     'decimate', 'hks_times', 'is_edge_manifold', 'laplacian',
     'loop_subdivision', 'mesh_edges', 'nearest_faces', 'normalize_positions',
-    'operator_cache_key', 'perturb_mesh', 'renumber_mesh',
+    'operator_cache_key', 'perturb_mesh', 'random_rotation', 'renumber_mesh',
     'tangent_frames', 'taubin_smoothing', 'tufted_laplacian', 'umbrella_operator',
     'vertex_fan_counts', 'vertex_normals', 'vertex_to_face_averaging',
 ]

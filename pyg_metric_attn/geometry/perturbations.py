@@ -13,6 +13,7 @@ import torch
 from scipy.spatial import cKDTree
 
 from pyg_metric_attn.geometry.mesh import MeshError, renumber_mesh
+from pyg_metric_attn.geometry.rotation import random_rotation
 from pyg_metric_attn.utils.optional import needs_extra
 
 #: The perturbations of :func:`perturb_mesh`, in the order results list them.
@@ -134,7 +135,6 @@ def perturb_mesh(pos: np.ndarray, face: np.ndarray, kind: str,
         noise = rng.normal(0, JITTER * diagonal / np.sqrt(3), pos.shape)
         return pos + noise, face, same_faces
     if kind == 'rotation':
-        from pyg_metric_attn.transforms.mesh import random_rotation
         generator = torch.Generator().manual_seed(int(rng.integers(2 ** 62)))
         return pos @ random_rotation(generator).numpy().T, face, same_faces
     if kind == 'renumbering':
