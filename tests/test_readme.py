@@ -39,10 +39,7 @@ RUN = {
 #: one that contains the key) that does not run yet. Each is checked to fail;
 #: once it works its test fails, naming the entry to delete here, so that it
 #: is checked like the rest.
-PENDING_COMMANDS = {
-    'pyg-metric-attn predict human_seg mesh.obj':
-        'issue 58: predict with the model shipped in the package, no run folder',
-}
+PENDING_COMMANDS: dict[str, str] = {}
 PENDING_BLOCKS = {
     'human_seg()': 'issue 58: the shipped human_seg model (its weights)',
 }
