@@ -62,7 +62,7 @@ def load_pretrained(name: str, folder: str | Path | None = None,
                     device: str | torch.device = 'cpu') -> MeshSegmenter:
     """The shipped model ``name`` as a :class:`MeshSegmenter` in eval mode on
     ``device``, its card as ``.card``. The weights must have the card's
-    SHA-256 (else :class:`~pyg_metric_attn.utils.io.CorruptFileError`);
+    SHA-256 (else a ``CorruptFileError``);
     nothing is downloaded."""
     folder = Path(folder or PRETRAINED_DIR)
     card = read_card(name, folder)
