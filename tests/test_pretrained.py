@@ -238,7 +238,8 @@ def test_a_trained_run_ships_with_the_numbers_of_the_shipped_file(tmp_path):
     out = tmp_path / 'shipped'
     out.mkdir()
     assert ship_model.main([str(run), '--commit', 'abc1234', '--draws', '1',
-                            '--out', str(out)]) == 0
+                            '--out', str(out), '--report',
+                            str(tmp_path / 'report')]) == 0
     card = read_card('human_seg', out)
     segmenter = load_pretrained('human_seg', out)
     task, model, _ = load_run(run, 'human_seg', {})
@@ -248,6 +249,12 @@ def test_a_trained_run_ships_with_the_numbers_of_the_shipped_file(tmp_path):
         result, _ = task.evaluate_split(model, split)
         assert card['metrics'][f'{split}_face_acc'] == result['face_acc']
     assert set(card['metrics']['test_perturbed']) == set(PERTURBATIONS)
+    report = json.loads((tmp_path / 'report' / 'results.json').read_text())
+    rows = {row['perturbation']: row for row in report['runs'][0]['rows']}
+    for kind, reading in card['metrics']['test_perturbed'].items():
+        assert reading['face_acc'] == rows[kind]['face_acc']
+    assert rows['original']['face_acc'] == card['metrics']['test_face_acc']
+    assert (tmp_path / 'report' / 'human_seg_robust.png').stat().st_size > 0
     rotation = card['metrics']['test_perturbed']['rotation']
     assert rotation['agreement'] > 0.99 and rotation['seeds'] == [0]
     training = card['training']

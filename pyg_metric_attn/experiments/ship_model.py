@@ -2,7 +2,7 @@ r"""Ship a trained human_seg run as the package's model, with its card:
 
     python -m pyg_metric_attn.experiments.ship_model RUN --commit SHA \
         [--root PATH] [--processed-dir PATH] [--draws 3] \
-        [--out pyg_metric_attn/pretrained]
+        [--out pyg_metric_attn/pretrained] [--report FOLDER]
 
 The run's best checkpoint is written as the shipped model ``human_seg``
 (:func:`~pyg_metric_attn.pretrained.write_pretrained`), read back through
@@ -13,7 +13,10 @@ human_seg_robust``'s perturbations, ``--draws`` copies of each that draws at
 random). The card records the data and split, the run's command with the
 commit it was trained at (``--commit``), its seed, epochs, wall time and
 device, and those numbers: so every number of the card comes from the file
-it describes.
+it describes. With ``--report``, the perturbed readings are also written
+there as ``experiment human_seg_robust`` writes them (``summary.md``,
+``results.json``, ``human_seg_robust.png``, the most changed copies in
+``meshes/``).
 """
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def perturbed_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from pyg_metric_attn.datasets import BODY_PARTS
-    from pyg_metric_attn.experiments.human_seg_robust import score
+    from pyg_metric_attn.experiments.human_seg_robust import score, write
     from pyg_metric_attn.experiments.run_folder import load_run
     from pyg_metric_attn.geometry import PERTURBATIONS
     from pyg_metric_attn.pretrained import load_pretrained, write_pretrained
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                         'they moved')
     parser.add_argument('--draws', type=int, default=3)
     parser.add_argument('--out', type=Path, default=PRETRAINED_DIR)
+    parser.add_argument('--report', type=Path, help='also write the perturbed '
+                        'readings here as experiment human_seg_robust does')
     args = parser.parse_args(argv)
     moved = {key: value for key, value in (('root', args.root),
                                            ('processed_dir', args.processed_dir))
@@ -108,8 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                         ('face_acc', 'edge_acc', 'soft_edge_acc', 'class_acc')
                         if key in result})  # edges: where the meshes have labels
     rows = score(task, shipped, list(PERTURBATIONS), 0, split='test',
-                 draws=args.draws, progress=True)
+                 draws=args.draws, progress=True,
+                 examples_dir=args.report and args.report / 'meshes' / 'shipped')
     metrics['test_perturbed'] = perturbed_accuracy(rows)
+    if args.report:
+        write(dict(seed=0, draws=args.draws, split='test',
+                   perturbations=list(PERTURBATIONS),
+                   meshes=len(rows[0]['mesh_face_acc']),
+                   runs=[dict(run='shipped', description='the shipped model',
+                              rows=rows, examples='shipped')]), args.report)
     card['metrics'] = metrics
     atomic_write_json(args.out / 'human_seg.json', card)
     print(json.dumps(metrics, indent=2))
