@@ -120,11 +120,5 @@ class RandomCopies(torch.utils.data.Dataset):
         return len(self.sources[0])
 
     def __getitem__(self, index: int) -> Data:
-        return self.draw(index)[1]
-
-    def draw(self, index: int) -> tuple[int, Data]:
-        """Mesh ``index`` drawn as an access draws it, with the index of the
-        source it came from in :attr:`sources` (0: the mesh itself)."""
-        choice = int(torch.randint(len(self.sources), ()))
-        data = self.sources[choice][index]
-        return choice, Data.from_dict({key: data[key] for key in self.keys})
+        data = self.sources[int(torch.randint(len(self.sources), ()))][index]
+        return Data.from_dict({key: data[key] for key in self.keys})

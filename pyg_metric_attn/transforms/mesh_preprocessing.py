@@ -172,10 +172,11 @@ class MeshPreprocessing(BaseTransform):
         face = data.face.detach().cpu().long()
         raw = data.pos.detach().cpu().double().numpy()
         check_mesh(raw, face.t().numpy(), name)
-        data.pos = torch.from_numpy(normalize_positions(raw)).float()
-        data.edge_index = _mesh_edge_index(face, len(raw))
-        # The operators of the positions the models see (rounded to float32).
-        for key, value in self.operators(data.pos.double().numpy(),
+        pos = normalize_positions(raw).astype(np.float32)  # what the models see
+        data.pos = torch.from_numpy(pos)
+        data.edge_index = _mesh_edge_index(face, len(pos))
+        # The operators of those positions (float32, computed in float64).
+        for key, value in self.operators(pos.astype(np.float64),
                                          face.t().numpy(), name).items():
             data[key] = value
         data.x = data.hks

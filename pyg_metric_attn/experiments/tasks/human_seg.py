@@ -63,7 +63,7 @@ from pyg_metric_attn.experiments.attention import (
 )
 from pyg_metric_attn.experiments.config import TaskConfig, setting
 from pyg_metric_attn.experiments.task import Task
-from pyg_metric_attn.geometry import PERTURBATIONS
+from pyg_metric_attn.geometry import PERTURBATIONS, random_rotation
 from pyg_metric_attn.geometry.perturbations import distinct_copy_seeds
 from pyg_metric_attn.nn.models import (
     IPN,
@@ -84,7 +84,7 @@ from pyg_metric_attn.training import (
     strided_share,
 )
 from pyg_metric_attn.training.segmentation import SegmentationMeter, face_logits
-from pyg_metric_attn.transforms import MeshPreprocessing, random_rotation
+from pyg_metric_attn.transforms import MeshPreprocessing
 from pyg_metric_attn.utils.data_home import data_home
 from pyg_metric_attn.visualization import label_colors, render_segmentations
 
