@@ -228,7 +228,7 @@ def test_a_trained_run_ships_with_the_numbers_of_the_shipped_file(tmp_path):
     from pyg_metric_attn.geometry import PERTURBATIONS
 
     options = dict(processed_dir=tmp_path / 'synthetic', synthetic_train=3,
-                   synthetic_test=1, num_workers=1, k=16, augment_copies=0,
+                   synthetic_test=2, num_workers=1, k=16, augment_copies=0,
                    val_fraction=0.34, former_hidden_channels=8,
                    former_num_layers=1, former_heads=2)
     run = tmp_path / 'run'
@@ -245,9 +245,11 @@ def test_a_trained_run_ships_with_the_numbers_of_the_shipped_file(tmp_path):
     task, model, _ = load_run(run, 'human_seg', {})
     for key, value in model.state_dict().items():  # the best checkpoint
         assert torch.equal(segmenter.model.state_dict()[key], value), key
-    for split in ('val', 'test'):
-        result, _ = task.evaluate_split(model, split)
-        assert card['metrics'][f'{split}_face_acc'] == result['face_acc']
+    readings = {split: task.evaluate_split(model, split)[0]['face_acc']
+                for split in ('val', 'test')}
+    assert readings['val'] != readings['test']  # so that a mix-up shows
+    for split, reading in readings.items():
+        assert card['metrics'][f'{split}_face_acc'] == reading
     assert set(card['metrics']['test_perturbed']) == set(PERTURBATIONS)
     report = json.loads((tmp_path / 'report' / 'results.json').read_text())
     rows = {row['perturbation']: row for row in report['runs'][0]['rows']}
