@@ -77,9 +77,7 @@ def measure(args: argparse.Namespace, **options) -> dict:
     ratio, and the aten ops dispatched per step each way; ``options``: task
     options that replace the recipe's."""
     torch.set_num_threads(args.threads)
-    data = (dict(root=args.root) if args.root
-            else dict(synthetic_root=args.processed_dir))
-    options = {**RECIPE, **data, 'processed_dir': args.processed_dir,
+    options = {**RECIPE, 'root': args.root, 'processed_dir': args.processed_dir,
                'augment_copies': args.copies, 'num_workers': args.workers,
                **options}
     task = HumanSegTask(progress=args.progress, device=args.device, **options)

@@ -31,6 +31,8 @@ from pyg_metric_attn.nn.models import (
     MetricTransformerDecoderLayer,
     MetricTransformerEncoderLayer,
 )
+from pyg_metric_attn.pretrained.segmenter import MeshSegmenter
+from pyg_metric_attn.transforms import MeshPreprocessing
 
 
 def package_modules() -> list[type[torch.nn.Module]]:
@@ -74,6 +76,9 @@ BUILDERS = {
     'former': lambda: MetricMeshFormer(3, 2, hidden_channels=8, num_layers=2,
                                        heads=2, diffusion=True, gradients=True),
     'diffusion_net': lambda: DiffusionNet(3, 2, hidden_channels=8, num_layers=2),
+    'segmenter': lambda: MeshSegmenter(
+        DiffusionNet(3, 2, hidden_channels=8, num_layers=1),
+        MeshPreprocessing(k=8, hks_count=3), ['a', 'b']),
     'encoder_layer': lambda: MetricTransformerEncoderLayer(8, 2, 16),
     'decoder_layer': lambda: MetricTransformerDecoderLayer(8, 2, 16),
     'transformer': lambda: MetricTransformer(11, 13, 8, 2, 1, 1, 16,

@@ -55,6 +55,11 @@ class MeshSegmenter(torch.nn.Module):
         self.features = features
         self.card = dict(card or {})
 
+    def reset_parameters(self):
+        r"""Resets the wrapped model's parameters (an untrained segmenter
+        of the same shape)."""
+        self.model.reset_parameters()
+
     @property
     def description(self) -> str:
         """One line on the model: its card's name, model and test
