@@ -2,12 +2,12 @@
 its PyG conventions (inputs, bipartite graphs, errors, numerics, compile)."""
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
 import torch
 from conftest import random_graph
+from dense_reference import reference_forward
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
@@ -22,73 +22,6 @@ from pyg_metric_attn.nn.triton import HAVE_TRITON
 
 METRICS = ['metric', 'l2', 'dot']
 BACKENDS = ['fused', 'scatter']
-
-
-def reference_forward(conv: MetricAttentionConv, x_src, x_dst, edge_index,
-                      edge_attr=None):
-    """Dense masked-softmax attention written from the raw parameter tensors.
-
-    Returns the output and the dense ``[H, N_dst, N_src]`` attention matrix.
-    """
-    H, D, C = conv.heads, conv.metric_channels, conv.out_channels
-    n_src, n_dst = x_src.size(0), x_dst.size(0)
-
-    def phi(module, u):
-        if conv.metric == 'metric':
-            skip = u if module.skip is None else u @ module.skip.weight.T
-            hidden = torch.tanh(u @ module.hidden.weight.T + module.hidden.bias)
-            return skip + hidden @ module.out.weight.T + module.out.bias
-        return u @ module.weight.T
-
-    if conv.metric == 'dot':
-        q = (x_dst @ conv.embed_dst.weight.T).view(n_dst, H, D)
-        k = (x_src @ conv.embed_src.weight.T).view(n_src, H, D)
-        logits = torch.einsum('ihd,jhd->hij', q, k) / math.sqrt(D)
-    else:
-        dst_map = conv.embed_dst if conv.embed_dst is not None else conv.embed_src
-        q = phi(dst_map, x_dst).view(n_dst, H, D)
-        k = phi(conv.embed_src, x_src).view(n_src, H, D)
-        diff = q.unsqueeze(1) - k.unsqueeze(0)  # [N_dst, N_src, H, D]
-        logits = -diff.square().sum(-1).permute(2, 0, 1)
-    logits = logits / conv.time_scale
-
-    adjacency = torch.zeros(n_dst, n_src, dtype=torch.bool)
-    src, dst = edge_index
-    if conv.add_self_loops:
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
-        if edge_attr is not None:
-            edge_attr = edge_attr[keep]
-    adjacency[dst, src] = True
-    if edge_attr is not None:
-        weight = conv.lin_edge.weight  # [H, edge_dim]
-        bias = torch.zeros(H, n_dst, n_src, dtype=x_src.dtype)
-        bias[:, dst, src] = (edge_attr @ weight.T).T
-    if conv.add_self_loops:
-        loops = torch.arange(min(n_src, n_dst))
-        adjacency[loops, loops] = True
-        if edge_attr is not None:  # fill_value='mean': mean incoming attr
-            for i in loops.tolist():
-                incoming = edge_attr[dst == i]
-                if len(incoming):
-                    bias[:, i, i] = incoming.mean(0) @ weight.T
-    if edge_attr is not None:
-        logits = logits + bias
-
-    logits = logits.masked_fill(~adjacency, float('-inf'))
-    attention = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # empty rows -> 0
-
-    if conv.lin_value is not None:
-        values = (x_src @ conv.lin_value.weight.T).view(n_src, H, C)
-    else:
-        values = x_src.unsqueeze(1).expand(n_src, H, C)
-    out = torch.einsum('hij,jhc->ihc', attention, values)
-    out = out.reshape(n_dst, H * C) if conv.concat else out.mean(1)
-    if conv.res is not None:
-        out = out + x_dst @ conv.res.weight.T
-    if conv.bias is not None:
-        out = out + conv.bias
-    return out, attention
 
 
 def rel_error(a, b):
