@@ -44,7 +44,8 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
     at 1e3 (~1e6) are beyond float32 and must take the exact float64 path."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 3, 2, 33, 8
-    q = (torch.randn(B, H, L, D, generator=g) + offset).to(device)
+    q = (torch.randn(B, H, L, D, generator=g) + offset).to(device) \
+        .requires_grad_(grad)
     k = (torch.randn(B, H, L, D, generator=g) + offset).to(device) \
         .requires_grad_(grad)
     v = torch.randn(B, H, L, 5, generator=g).to(device).requires_grad_(grad)
@@ -59,7 +60,7 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
         if not grad:
             continue
         weight = torch.randn(out.shape, generator=g).to(device)
-        inputs = (k, v)
+        inputs = (q, k, v)
         grads = torch.autograd.grad((out * weight).sum(), inputs)
         expected_grads = torch.autograd.grad((expected * weight).sum(), inputs)
         for got, expected_grad in zip(grads, expected_grads, strict=True):
