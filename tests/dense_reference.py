@@ -1,7 +1,7 @@
 """MetricAttentionConv written out densely from its raw parameter tensors: an
 independent reference for every backend, normalisation and self-loop fill.
 
-Nothing here calls the package: the maps, the logits, the self-loops with
+Nothing here calls the package's layers: the maps, the logits, the self-loops with
 their edge features and the four normalisations (Definitions 7-10 of the
 paper) are written in plain torch on ``[H, N_dst, N_src]`` matrices, the
 normalisations in linear space (the package's run in log space on edges).
@@ -13,6 +13,8 @@ import copy
 import math
 
 import torch
+
+from pyg_metric_attn import MetricAttentionConv
 
 
 def phi(conv, module, u):
@@ -157,3 +159,14 @@ def float64_reference(conv, x, edge_index, edge_attr=None, batch=None):
     if edge_attr is not None:
         edge_attr = edge_attr.detach().double()
     return reference_forward(conv, x, x, edge_index, edge_attr, batch)
+
+
+def ipn_on_graph(model, x, edge_index):
+    """An IPN on a graph written out: Linear, its layers along the edges
+    (:class:`MetricAttentionConv` from the float64 reference, other layers
+    as they are), Linear; no dropout."""
+    h = model.lin_in(x)
+    for conv in model.convs:
+        h = (float64_reference(conv, h, edge_index)[0].to(h.dtype)
+             if isinstance(conv, MetricAttentionConv) else conv(h, edge_index))
+    return model.lin_out(h)
