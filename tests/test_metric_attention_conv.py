@@ -273,6 +273,7 @@ def test_autocast_low_precision_is_finite(dtype, metric, backend, device):
     g = torch.Generator().manual_seed(9)
     edge_index = random_graph(40, 40, 0.2, g).to(device)
     x = (torch.randn(40, 16, generator=g) * 30).to(device).requires_grad_()
+    torch.manual_seed(0)
     conv = MetricAttentionConv(16, 8, heads=4, metric=metric,
                                backend=backend).to(device)
     with torch.autocast(device.type, dtype=dtype):
@@ -282,13 +283,18 @@ def test_autocast_low_precision_is_finite(dtype, metric, backend, device):
     assert alpha.dtype == torch.float32
     out.float().sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
-    # At unit scale the low-precision result is close to float32:
+    # At unit scale the low-precision result is float32's within 6 units
+    # of the dtype's roundoff of the largest output: inputs, weights,
+    # embeddings and values each rounded once (measured at most 1.85 here,
+    # 3.06 over 20 seeds; Triton in its interpreter 2.52 over 5).
     x = x.detach() / 30
-    with torch.autocast(device.type, dtype=dtype):
-        out = conv(x, edge_index)
-    expected = conv(x, edge_index)
-    assert torch.allclose(out.float(), expected,
-                          atol=0.05 * float(expected.abs().max()))
+    with torch.no_grad():
+        with torch.autocast(device.type, dtype=dtype):
+            out = conv(x, edge_index)
+        expected = conv(x, edge_index)
+    unit = torch.finfo(dtype).eps / 2
+    torch.testing.assert_close(out.float(), expected, rtol=0,
+                               atol=6 * unit * float(expected.abs().max()))
 
 
 def test_learned_time_scale_is_positive_and_trains():

@@ -153,7 +153,9 @@ def test_sequence_first_layout_bf16_and_learned_time_scale():
     assert mha.time.log_value.grad is not None
     with torch.autocast('cpu', dtype=torch.bfloat16):
         low, _ = mha(x, x, x, need_weights=False)
-    assert rel(low.float(), batch_first) < 5e-2
+    # Inputs, weights and SDPA in bfloat16: within 4 units of its roundoff
+    # (measured 1.00 here, at most 1.25 over 20 seeds).
+    assert rel(low.float(), batch_first) < 4 * torch.finfo(torch.bfloat16).eps / 2
 
 
 def test_errors():
