@@ -347,12 +347,20 @@ def test_paper_time_scale_saturates_at_width_and_2d_does_not():
 
 
 def test_repr_and_reset_parameters():
+    """Reset draws the glorot maps anew (uniform within their bound, which
+    64 x 16 draws nearly reach) and zeroes the bias."""
     conv = MetricAttentionConv(16, 32, heads=2, metric='l2')
     assert repr(conv) == "MetricAttentionConv(16, 32, heads=2, metric='l2')"
-    before = [p.clone() for p in conv.parameters()]
+    with torch.no_grad():
+        conv.bias.fill_(1.0)
+    before = {key: p.detach().clone() for key, p in conv.named_parameters()}
     conv.reset_parameters()
-    after = list(conv.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert torch.equal(conv.bias, torch.zeros(64))
+    for key in ('embed_src.weight', 'lin_value.weight'):
+        weight = conv.get_parameter(key).detach()
+        bound = (6 / sum(weight.shape)) ** 0.5  # glorot: sqrt(6 / (in + out))
+        assert not torch.equal(weight, before[key]), key
+        assert 0.9 * bound < float(weight.abs().max()) <= bound, key
 
 
 def test_same_seed_same_result():
