@@ -6,6 +6,7 @@ import pytest
 import torch
 import trimesh
 from conftest import shared_dataset
+from torch_geometric.data import Data
 
 from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.geometry import (
@@ -21,8 +22,9 @@ from pyg_metric_attn.geometry import (
     normalize_positions,
     tangent_frames,
     vertex_fan_counts,
+    vertex_to_face_averaging,
 )
-from pyg_metric_attn.transforms import random_rotation
+from pyg_metric_attn.transforms import RandomRotation, random_rotation
 
 
 @pytest.fixture(scope='module')
@@ -225,3 +227,46 @@ def test_degenerate_meshes_get_clear_errors_or_robust_results():
     assert method == 'robust'
     evals, evecs = eigendecomposition(L, mass, k=8)
     assert np.isfinite(heat_kernel_signature(evals, evecs, 16)).all()
+
+
+def test_vertex_to_face_averaging_gives_each_face_its_vertex_mean():
+    pos, face = sphere(1)
+    values = np.random.default_rng(0).normal(size=(len(pos), 4))
+    averaging = vertex_to_face_averaging(face, len(pos))
+    assert averaging.shape == (len(face), len(pos))
+    np.testing.assert_allclose(averaging @ values, values[face].mean(1),
+                               rtol=1e-12, atol=1e-12)
+    # A vertex's column holds 1/3 per face around it.
+    np.testing.assert_allclose(np.asarray(averaging.sum(0)).ravel(),
+                               np.bincount(face.ravel(), minlength=len(pos)) / 3)
+
+
+def test_random_rotation_transform_rotates_the_positions_uniformly():
+    """``RandomRotation`` maps ``data.pos`` by a proper rotation (distances
+    and handedness kept, nothing else touched), drawn from its generator
+    and uniform on SO(3): 2000 draws are all proper, and a rotated unit
+    vector and the trace average 0 (the Haar measure's means; variances
+    1/3 and 1) within 4 standard errors."""
+    pos = torch.from_numpy(sphere(1)[0]).float()
+    data = Data(pos=pos.clone(), y=torch.arange(len(pos)))
+    rotated = RandomRotation(torch.Generator().manual_seed(0))(data.clone())
+    assert rotated.pos.dtype == torch.float32
+    assert torch.equal(rotated.y, data.y)
+    rotation = torch.linalg.lstsq(pos.double(), rotated.pos.double()).solution.T
+    torch.testing.assert_close(rotation @ rotation.T,
+                               torch.eye(3, dtype=torch.float64), atol=1e-6,
+                               rtol=0)
+    assert abs(float(torch.det(rotation)) - 1) < 1e-6
+    assert not torch.allclose(rotation, torch.eye(3, dtype=torch.float64),
+                              atol=0.1)
+    again = RandomRotation(torch.Generator().manual_seed(0))(data.clone())
+    assert torch.equal(again.pos, rotated.pos)
+    transform = RandomRotation(torch.Generator().manual_seed(1))
+    axes = Data(pos=torch.eye(3, dtype=torch.float64))
+    draws = torch.stack([transform(axes.clone()).pos for _ in range(2000)])
+    torch.testing.assert_close(torch.det(draws), torch.ones(2000,
+                                                            dtype=torch.float64))
+    unit = draws[:, 2]  # the rotated z axis
+    assert float(unit.mean(0).abs().max()) < 4 * (1 / 3 / 2000) ** 0.5
+    traces = draws.diagonal(dim1=1, dim2=2).sum(-1)
+    assert abs(float(traces.mean())) < 4 * (1 / 2000) ** 0.5
