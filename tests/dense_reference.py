@@ -130,15 +130,15 @@ def reference_forward(conv, x_src, x_dst, edge_index, edge_attr=None,
     attention = normalized(similarity, conv.normalization,
                            conv.sinkhorn_iterations, batch)
 
-    if conv.lin_value is not None:
+    if conv.value:
         values = (x_src @ conv.lin_value.weight.T).view(n_src, H, C)
-    else:
+    else:  # the paper's propagation H' = S H
         values = x_src.unsqueeze(1).expand(n_src, H, C)
     out = torch.einsum('hij,jhc->ihc', attention, values)
     if conv.aggr == 'mean':
         out = out / adjacency.sum(1).clamp_min(1).view(-1, 1, 1)
     out = out.reshape(n_dst, H * C) if conv.concat else out.mean(1)
-    if conv.res is not None:
+    if conv.residual:
         out = out + x_dst @ conv.res.weight.T
     if conv.bias is not None:
         out = out + conv.bias
