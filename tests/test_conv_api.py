@@ -3,10 +3,12 @@ sparse adjacencies with edge features, ``aggr``, what ``forward`` returns,
 and clear constructor errors."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_graph
-from dense_reference import float64_reference
+from dense_reference import float64_reference, reference_forward
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
@@ -131,6 +133,25 @@ def test_fill_value_sets_the_edge_features_of_the_self_loops(fill_value,
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
     conv.fill_value = 'mean'
     assert (conv(x, edge_index, edge_attr) - out).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize('backend', ['fused', 'scatter', 'triton'])
+def test_bipartite_self_loops_get_their_edge_features(backend):
+    """Sources 0-11, destinations 0-7: the first 8 sources get a self-loop
+    each, with the features ``fill_value`` gives them (the dense
+    reference's output)."""
+    g = torch.Generator().manual_seed(3)
+    edge_index = random_graph(12, 8, 0.3, g)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=g)
+    x_src, x_dst = torch.randn(12, 8, generator=g), torch.randn(8, 8, generator=g)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3, fill_value='add',
+                               backend=backend)
+    out = conv((x_src, x_dst), edge_index, edge_attr)
+    expected, _ = reference_forward(copy.deepcopy(conv).double(),
+                                    x_src.double(), x_dst.double(), edge_index,
+                                    edge_attr.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_aggr_mean_divides_by_the_in_degree():
