@@ -1,6 +1,8 @@
 """Mesh operators against analytic facts, degenerate input."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -20,8 +22,12 @@ from pyg_metric_attn.geometry import (
     laplacian,
     mesh_edges,
     normalize_positions,
+    operator_cache_key,
+    renumber_mesh,
     tangent_frames,
+    tufted_laplacian,
     vertex_fan_counts,
+    vertex_normals,
     vertex_to_face_averaging,
 )
 from pyg_metric_attn.transforms import RandomRotation, random_rotation
@@ -270,3 +276,72 @@ def test_random_rotation_transform_rotates_the_positions_uniformly():
     assert float(unit.mean(0).abs().max()) < 4 * (1 / 3 / 2000) ** 0.5
     traces = draws.diagonal(dim1=1, dim2=2).sum(-1)
     assert abs(float(traces.mean())) < 4 * (1 / 2000) ** 0.5
+
+
+def test_operator_cache_key_hashes_values_shapes_and_settings():
+    """The same values in other dtypes or settings in another order share a
+    key; the same bytes split differently between the arrays do not."""
+    pos, face = sphere(0)
+    pos = np.round(pos * 8) / 8  # exact in float32
+    key = operator_cache_key(pos, face, {'k': 8, 'smoothing': 1})
+    assert operator_cache_key(pos.astype(np.float32), face.astype(np.int32),
+                              {'smoothing': 1, 'k': 8}) == key
+    assert operator_cache_key(pos, face, {'k': 9, 'smoothing': 1}) != key
+    head, tail = pos[:2], face[:1]
+    moved = np.concatenate([head, tail.view(np.float64)])  # the same bytes
+    assert operator_cache_key(head, tail, {}) != operator_cache_key(
+        moved, np.zeros((0, 3), np.int64), {})
+
+
+def test_vertex_normals_of_a_vertex_on_no_face_point_up():
+    pos = np.array([[0, 0, 0], [1, 0, 0], [0, 0, 1], [5, 5, 5.0]])
+    normals = vertex_normals(pos, np.array([[0, 1, 2]]))
+    np.testing.assert_array_equal(normals[:3], [[0, -1, 0]] * 3)  # unit area
+    np.testing.assert_array_equal(normals[3], [0, 0, 1])
+
+
+def test_tufted_laplacian_takes_float32_positions_and_mollifies_by_1e_5():
+    import robust_laplacian
+
+    pos, face = sphere(1)
+    L, mass = tufted_laplacian(pos.astype(np.float32), face)
+    expected_L, expected_M = robust_laplacian.mesh_laplacian(
+        pos.astype(np.float32).astype(np.float64), face, 1e-5)
+    assert abs(L - expected_L).max() == 0
+    np.testing.assert_array_equal(mass, expected_M.diagonal())
+
+
+def test_check_mesh_messages_and_the_smallest_meshes():
+    pos, face = sphere(0)
+    for bad_pos, shape in ((pos[:, :2], '[12, 2]'), (pos[:0], '[0, 3]')):
+        with pytest.raises(MeshError, match=rf"^mesh: vertex positions must have "
+                           rf"shape \[V, 3\], got {re.escape(shape)}$"):
+            check_mesh(bad_pos, face)
+    with pytest.raises(MeshError, match=r"^mesh: faces must be triangles of "
+                       r"shape \[F, 3\], got \[0, 3\]$"):
+        check_mesh(pos, face[:0])
+    with pytest.raises(MeshError, match=r"^ball: face indices must lie in "
+                       r"\[0, 11\], got \[0, 12\]$"):
+        check_mesh(pos, np.concatenate([face, [[0, 1, 12]]]), name='ball')
+    check_mesh(np.zeros((1, 3)), np.zeros((1, 3), np.int64))  # one vertex
+    check_mesh(pos[:3], np.array([[0, 1, 2]]))  # one face
+
+
+def test_normalize_positions_scales_to_unit_radius_or_centres_a_point():
+    pos, _ = sphere(1)
+    small = 0.25 * pos + 3.0
+    np.testing.assert_allclose(normalize_positions(small), pos, atol=1e-12)
+    np.testing.assert_array_equal(normalize_positions(np.ones((1, 3))),
+                                  np.zeros((1, 3)))
+
+
+def test_renumber_mesh_keeps_every_face_and_its_orientation():
+    pos, face = sphere(1)
+    new_pos, new_face, vertex_order, face_order = renumber_mesh(
+        pos, face, np.random.default_rng(0))
+    np.testing.assert_array_equal(new_pos, pos[vertex_order])
+    old_corners = vertex_order[new_face]  # [F, 3] in old vertex numbers
+    rotations = [np.roll(face[face_order], -shift, axis=1) for shift in range(3)]
+    matches = np.stack([(old_corners == r).all(1) for r in rotations])
+    assert matches.any(0).all()  # each face a rotation of its old corners
+    assert len(set(matches.argmax(0).tolist())) == 3  # rotated at random
