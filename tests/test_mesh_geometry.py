@@ -14,16 +14,19 @@ from pyg_metric_attn.datasets.mesh_io import read_mesh
 from pyg_metric_attn.geometry import (
     MeshError,
     check_mesh,
+    cotan_laplacian,
     eigendecomposition,
     face_areas,
     gradient_coefficients,
     gradient_operators,
     heat_kernel_signature,
+    hks_times,
     laplacian,
     mesh_edges,
     normalize_positions,
     operator_cache_key,
     renumber_mesh,
+    spectral,
     tangent_frames,
     tufted_laplacian,
     vertex_fan_counts,
@@ -345,3 +348,97 @@ def test_renumber_mesh_keeps_every_face_and_its_orientation():
     matches = np.stack([(old_corners == r).all(1) for r in rotations])
     assert matches.any(0).all()  # each face a rotation of its old corners
     assert len(set(matches.argmax(0).tolist())) == 3  # rotated at random
+
+
+def test_laplacian_auto_takes_cotan_on_clean_meshes_and_names_the_rest():
+    pos, face = sphere(1)
+    L, mass, method = laplacian(pos, face)
+    expected_L, expected_mass = cotan_laplacian(pos, face)
+    assert method == 'cotan' and abs(L - expected_L).max() == 0
+    np.testing.assert_array_equal(mass, expected_mass)
+    for name, build in (('cotan', cotan_laplacian), ('robust', tufted_laplacian)):
+        L, mass, _ = laplacian(pos, face, name)
+        assert abs(L - build(pos, face)[0]).max() == 0, name
+    with pytest.raises(ValueError, match=r"^Unknown Laplacian 'tufted'; expected "
+                       r"one of \('auto', 'cotan', 'robust'\)$"):
+        laplacian(pos, face, 'tufted')
+    # float32 positions give the float64 operator.
+    small = np.round(pos * 8) / 8
+    assert abs(cotan_laplacian(small.astype(np.float32), face)[0]
+               - cotan_laplacian(small, face)[0]).max() == 0
+
+
+@pytest.mark.parametrize('scale,height', [(10.0, 1e-11), (0.1, 1e-13)])
+def test_laplacian_auto_takes_robust_where_a_face_is_a_sliver(scale, height):
+    """A face of area at most 1e-12 of the squared extent is degenerate:
+    here 5e-11 of 100 and 5e-15 of 0.01 (an open, manifold strip)."""
+    pos = scale * np.array([[0, 0, 0], [1, 0, 0], [0.5, height / scale, 0],
+                            [0.5, 1, 0]])
+    face = np.array([[0, 1, 2], [0, 2, 3]])
+    assert face_areas(pos, face)[0] <= 1e-12 * np.ptp(pos) ** 2
+    assert laplacian(pos, face)[2] == 'robust'
+    lifted = pos + np.array([0, scale * 1e-3, 0]) * [[0], [0], [1], [0]]
+    assert laplacian(lifted, face)[2] == 'cotan'  # no longer a sliver
+
+
+def test_vertex_fan_counts_give_an_unreferenced_vertex_zero():
+    pos, face = sphere(0)
+    counts = vertex_fan_counts(face, len(pos) + 1)
+    np.testing.assert_array_equal(counts, [1] * len(pos) + [0])
+
+
+@pytest.mark.parametrize('k,pairs', [(10, 10), (11, 12), (12, 12)])
+def test_eigendecomposition_is_dense_from_k_of_v_minus_1(k, pairs):
+    """12 vertices: ``k`` pairs from ARPACK up to k = 10, all 12 from the
+    dense solver from k = 11; the smallest eigenvalue ~0, none negative."""
+    pos, face = sphere(0)
+    L, mass, _ = laplacian(pos, face)
+    evals, evecs = eigendecomposition(L, mass, k=k)
+    assert evals.shape == (pairs,) and evecs.shape == (12, pairs)
+    assert 0 <= evals[0] < 1e-6 and (evals >= 0).all()
+
+
+def test_eigendecomposition_retries_with_a_tenfold_shift_then_names_the_mesh(
+        monkeypatch):
+    """Where the factorisation fails, the diagonal shift of L grows tenfold
+    per retry (DiffusionNet's recipe); after ``max_retries`` the error
+    names the mesh and the number of retries."""
+    pos, face = sphere(1)
+    L, mass, _ = laplacian(pos, face)
+    shifts = []
+    eigsh = spectral.sla.eigsh
+
+    def failing(shifted, *args, failures, **kwargs):
+        shifts.append(float((shifted - L).diagonal().mean()))
+        if len(shifts) <= failures:
+            raise RuntimeError('factor is exactly singular')
+        return eigsh(shifted, *args, **kwargs)
+
+    monkeypatch.setattr(spectral.sla, 'eigsh',
+                        lambda *a, **kw: failing(*a, failures=2, **kw))
+    evals, _ = eigendecomposition(L, mass, k=8, eps=1e-8)
+    np.testing.assert_allclose(shifts, [1e-8, 1.1e-7, 1.11e-6], rtol=1e-6)
+    assert evals.shape == (8,)
+    shifts.clear()
+    monkeypatch.setattr(spectral.sla, 'eigsh',
+                        lambda *a, **kw: failing(*a, failures=99, **kw))
+    with pytest.raises(MeshError, match=r"^mesh: the eigendecomposition failed "
+                       r"after 4 regularised retries \(factor is exactly "
+                       r"singular\)$"):
+        eigendecomposition(L, mass, k=8)
+    assert len(shifts) == 5
+    with pytest.raises(MeshError, match=r"^mesh: the mass matrix has zero"):
+        eigendecomposition(L, np.zeros(len(pos)), k=8)
+
+
+def test_hks_times_bounds_and_default_count():
+    np.testing.assert_allclose(hks_times(3, 0.01), [0.01, 0.1, 1.0])
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=rf"^'min_time' must lie in \(0, 1\), "
+                           rf"got {bad}$"):
+            hks_times(4, bad)
+    rng = np.random.default_rng(1)
+    evals, evecs = np.sort(rng.uniform(0, 5, 4)), rng.normal(size=(3, 4))
+    np.testing.assert_array_equal(heat_kernel_signature(evals, evecs),
+                                  heat_kernel_signature(evals, evecs, hks_times()))
+    assert heat_kernel_signature(evals, evecs).shape == (3, 16)
