@@ -17,6 +17,7 @@ from pyg_metric_attn.geometry import (
     cotan_laplacian,
     eigendecomposition,
     face_areas,
+    face_normals,
     gradient_coefficients,
     gradient_operators,
     heat_kernel_signature,
@@ -442,3 +443,10 @@ def test_hks_times_bounds_and_default_count():
     np.testing.assert_array_equal(heat_kernel_signature(evals, evecs),
                                   heat_kernel_signature(evals, evecs, hks_times()))
     assert heat_kernel_signature(evals, evecs).shape == (3, 16)
+
+
+def test_face_normals_are_unit_and_zero_for_a_collapsed_face():
+    pos = np.array([[0, 0, 0], [2, 0, 0], [0, 0, 3], [1, 0, 0.0]])
+    face = np.array([[0, 1, 2], [0, 2, 1], [0, 3, 1]])  # the last collapsed
+    np.testing.assert_array_equal(face_normals(pos, face),
+                                  [[0, -1, 0], [0, 1, 0], [0, 0, 0]])
