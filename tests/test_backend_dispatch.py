@@ -74,6 +74,7 @@ def test_a_named_backend_runs(backend, metric, ran):
     out, (_, alpha) = conv(x, edge_index, edge_attr,
                            return_attention_weights=True)
     assert ran == [backend]
+    assert alpha is not None and alpha.dtype == torch.float32
     assert_float32_result(conv, x, edge_index, out, edge_attr, alpha)
 
 
