@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_graph
+from dense_reference import edge_weights, float64_reference
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 
 from pyg_metric_attn import MetricAttentionConv
@@ -42,16 +43,55 @@ def small_graph(num_nodes=6):
             random_graph(num_nodes, num_nodes, 0.4, g, self_loops=False))
 
 
+def assert_float32_result(conv, x, edge_index, out, edge_attr=None,
+                          alpha=None):
+    """``out`` (and the weights ``alpha`` ``[E', H]`` on the layer's
+    edges, the caller's without self-loops then one per node) is the
+    layer's function: the dense float64 reference within float32 rounding
+    (about 1e-7 relative here; 1e-5 leaves room for the kernels' summation
+    orders)."""
+    expected, attention = float64_reference(conv, x, edge_index, edge_attr)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    if alpha is not None:
+        nodes = torch.arange(x.size(0))
+        looped = torch.cat([edge_index, torch.stack([nodes, nodes])], dim=1)
+        torch.testing.assert_close(alpha.double(), edge_weights(attention, looped),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('metric', ['metric', 'l2', 'dot'])
 @pytest.mark.parametrize('backend', ['scatter', 'fused', 'triton'])
-def test_a_named_backend_runs(backend, ran):
-    """On CPU (Triton in its interpreter), with the scatter result."""
+def test_a_named_backend_runs(backend, metric, ran):
+    """On CPU (Triton in its interpreter), with the dense reference's output
+    and weights: every metric, a time scale, edge features in shuffled
+    order."""
     x, edge_index = small_graph()
+    edge_attr = torch.randn(edge_index.size(1), 2,
+                            generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
-    conv = MetricAttentionConv(8, 4, backend=backend)
-    out = conv(x, edge_index)
+    conv = MetricAttentionConv(8, 4, heads=2, metric=metric, time_scale=0.7,
+                               edge_dim=2, backend=backend)
+    out, (_, alpha) = conv(x, edge_index, edge_attr,
+                           return_attention_weights=True)
     assert ran == [backend]
-    conv.backend = 'scatter'
-    torch.testing.assert_close(out, conv(x, edge_index))
+    assert alpha is not None and alpha.dtype == torch.float32
+    assert_float32_result(conv, x, edge_index, out, edge_attr, alpha)
+
+
+@pytest.mark.parametrize('backend', ['scatter', 'fused', 'triton'])
+def test_a_named_backend_drops_weights_in_training_only(backend):
+    """``dropout=0.5``: the reference in evaluation, other outputs in
+    training (a new draw each call)."""
+    x, edge_index = small_graph(12)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, dropout=0.5, time_scale=10.0,
+                               backend=backend)
+    assert_float32_result(conv, x, edge_index, conv.eval()(x, edge_index))
+    conv.train()
+    first, second = conv(x, edge_index), conv(x, edge_index)
+    expected, _ = float64_reference(conv, x, edge_index)
+    assert (first.double() - expected).abs().max() > 1e-2
+    assert (first - second).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
@@ -140,5 +180,14 @@ def test_normalizations_other_than_row_are_refused_by_triton_only(
 
 @pytest.mark.parametrize('aggr', ['add', 'sum', 'mean'])
 @pytest.mark.parametrize('backend', ['auto', 'scatter', 'fused', 'triton'])
-def test_every_backend_accepts_the_aggregations_of_the_kernels(aggr, backend):
-    MetricAttentionConv(8, 4, aggr=aggr, backend=backend)
+def test_every_backend_computes_the_aggregations_of_the_kernels(aggr, backend,
+                                                                ran):
+    """Each backend runs itself (``'auto'``: fused) with the aggregation:
+    the sum of the weighted messages, or for ``'mean'`` that sum divided by
+    the in-degree."""
+    x, edge_index = small_graph()
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, aggr=aggr, backend=backend)
+    out = conv(x, edge_index)
+    assert ran == ['fused' if backend == 'auto' else backend]
+    assert_float32_result(conv, x, edge_index, out)

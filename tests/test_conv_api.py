@@ -3,9 +3,12 @@ sparse adjacencies with edge features, ``aggr``, what ``forward`` returns,
 and clear constructor errors."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_graph
+from dense_reference import float64_reference, reference_forward
 from torch_geometric.typing import WITH_TORCH_SPARSE, SparseTensor
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
@@ -88,19 +91,67 @@ def test_a_named_backend_refuses_an_aggr_it_does_not_compute(backend, aggr):
 @pytest.mark.parametrize('backend', ['auto', 'scatter'])
 @pytest.mark.parametrize('aggr', ['max', 'min'])
 def test_max_and_min_reduce_the_weighted_messages(backend, aggr):
-    """Against a per-node reduction written out by hand: message
-    ``alpha_ij W_v x_j`` reduced over the in-edges of ``i``."""
+    """Against a per-node reduction written out by hand from the dense
+    reference's weights and the raw value weights: message ``alpha_ij W_v
+    x_j`` reduced over the in-edges of ``i`` (float32 against float64:
+    rtol 1e-5)."""
     x, edge_index, _ = graph_with_edge_features()
     torch.manual_seed(0)
     conv = MetricAttentionConv(8, 4, heads=2, aggr=aggr, bias=False,
                                backend=backend)
-    out, (looped, alpha) = conv(x, edge_index, return_attention_weights=True)
-    values = conv.lin_value(x).view(-1, 2, 4)
+    out = conv(x, edge_index)
+    _, attention = float64_reference(conv, x, edge_index)  # [H, N, N]
+    weight = conv.lin_value.weight.detach().double()
+    values = (x.double() @ weight.T).view(-1, 2, 4)
     reduce = torch.amax if aggr == 'max' else torch.amin
     for node in range(x.size(0)):
-        edges = (looped[1] == node).nonzero().view(-1)
-        messages = alpha[edges].unsqueeze(-1) * values[looped[0, edges]]
-        torch.testing.assert_close(out[node], reduce(messages, 0).flatten())
+        sources = attention[0, node].nonzero().view(-1)  # self-loop included
+        messages = attention[:, node, sources].T.unsqueeze(-1) * values[sources]
+        torch.testing.assert_close(out[node].double(),
+                                   reduce(messages, 0).flatten(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+FILL_VALUES = {'number': 0.5, 'vector': torch.tensor([1.0, -2.0, 0.5]),
+               'add': 'add', 'max': 'max', 'min': 'min', 'mul': 'mul'}
+
+
+@pytest.mark.parametrize('backend', ['fused', 'scatter', 'triton'])
+@pytest.mark.parametrize('fill_value', list(FILL_VALUES))
+def test_fill_value_sets_the_edge_features_of_the_self_loops(fill_value,
+                                                             backend):
+    """Each ``fill_value`` of :func:`torch_geometric.utils.add_self_loops`
+    (the default, ``'mean'``, is in the dense-reference tests): the dense
+    reference's output, float32 against float64 (rtol 1e-5), and another
+    output than the default's."""
+    x, edge_index, edge_attr = graph_with_edge_features()
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3, backend=backend,
+                               fill_value=FILL_VALUES[fill_value])
+    out = conv(x, edge_index, edge_attr)
+    expected, _ = float64_reference(conv, x, edge_index, edge_attr)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    conv.fill_value = 'mean'
+    assert (conv(x, edge_index, edge_attr) - out).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize('backend', ['fused', 'scatter', 'triton'])
+def test_bipartite_self_loops_get_their_edge_features(backend):
+    """Sources 0-11, destinations 0-7: the first 8 sources get a self-loop
+    each, with the features ``fill_value`` gives them (the dense
+    reference's output)."""
+    g = torch.Generator().manual_seed(3)
+    edge_index = random_graph(12, 8, 0.3, g)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=g)
+    x_src, x_dst = torch.randn(12, 8, generator=g), torch.randn(8, 8, generator=g)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(8, 4, heads=2, edge_dim=3, fill_value='add',
+                               backend=backend)
+    out = conv((x_src, x_dst), edge_index, edge_attr)
+    expected, _ = reference_forward(copy.deepcopy(conv).double(),
+                                    x_src.double(), x_dst.double(), edge_index,
+                                    edge_attr.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_aggr_mean_divides_by_the_in_degree():

@@ -13,7 +13,7 @@ from pyg_metric_attn.experiments import run_experiment
 from pyg_metric_attn.experiments.attention import attention_conv, attention_factory
 from pyg_metric_attn.experiments.tasks import CoraTask, MnistTask, MoonTask
 from pyg_metric_attn.experiments.tasks.moon import MoonConfig, moon_data
-from pyg_metric_attn.experiments.tasks.planetoid import GATNet
+from pyg_metric_attn.experiments.tasks.planetoid import CiteSeerTask, GATNet
 from pyg_metric_attn.experiments.tasks.point_sets import consecutive_sets
 from pyg_metric_attn.utils.point_sets import shuffled_sets
 
@@ -28,18 +28,25 @@ def test_moon_data_matches_the_paper():
 
 
 def test_runner_writes_logs_figures_table_and_loss_falls(tmp_path):
-    task = MoonTask(epochs=15, progress=False)
+    """Runs that learn: on the 100 test points (53 in the larger class)
+    every metric-attention run and the better GAT run reach 80% (measured
+    94, 92 and 53, 89: GAT's seed 0 stays at the larger class for 15
+    epochs)."""
+    task = MoonTask(epochs=15, progress=False, lr=1e-2)
     summary = run_experiment(task, ['metric', 'gat'], [0, 1], tmp_path,
                              progress=False)
     assert set(summary) == {'metric', 'gat'}
     for attention in ('metric', 'gat'):
+        accuracies = []
         for seed in (0, 1):
             record = json.loads(
                 (tmp_path / 'runs' / f'{attention}-seed{seed}.json').read_text())
             assert record['status'] == 'ok'
             losses = [row['train_loss'] for row in record['history']]
             assert len(losses) == 15 and losses[-1] < losses[0]
-            assert 0.0 <= record['final']['test_acc'] <= 1.0
+            accuracies.append(record['final']['test_acc'])
+        reached = min(accuracies) if attention == 'metric' else max(accuracies)
+        assert reached >= 0.8, (attention, accuracies)
     for figure in ('curves.png', 'violin.png'):
         assert (tmp_path / figure).read_bytes().startswith(PNG)
     table = (tmp_path / 'summary.md').read_text()
@@ -146,9 +153,11 @@ def test_unknown_task_option():
         MoonTask(hiden=3)
 
 
-def check_outputs(out_dir, attentions, seeds, epochs=None):
-    """Every run's JSON is finished and its training loss fell; the figures and
-    the table are there."""
+def check_outputs(out_dir, attentions, seeds, epochs=None, *, floors):
+    """Every run's JSON is finished, its training loss fell and its test
+    accuracy reached ``floors[attention]`` (a margin above chance: a
+    frozen model or a broken loss stays near it); the figures and the
+    table are there."""
     for attention in attentions:
         for seed in seeds:
             record = json.loads(
@@ -158,7 +167,8 @@ def check_outputs(out_dir, attentions, seeds, epochs=None):
             assert epochs is None or len(losses) == epochs
             assert losses[-1] < losses[0]
             assert all(row['epoch_seconds'] > 0 for row in record['history'])
-            assert 0.0 <= record['final']['test_acc'] <= 1.0
+            accuracy = record['final']['test_acc']
+            assert floors[attention] <= accuracy <= 1.0, (attention, accuracy)
     for figure in ('curves.png', 'violin.png'):
         assert (out_dir / figure).read_bytes().startswith(PNG)
     table = (out_dir / 'summary.md').read_text()
@@ -173,9 +183,12 @@ def test_tiny_mnist(tmp_path):
         (raw / path.name).symlink_to(path)
     task = MnistTask(epochs=3, progress=False, root=str(tmp_path / 'data'),
                      num_train=600, num_test=200, set_size=50, time_scale=100.0,
-                     lr=1e-3)
+                     lr=3e-3)
     run_experiment(task, ['metric', 'dot'], [0], tmp_path / 'out', progress=False)
-    check_outputs(tmp_path / 'out', ['metric', 'dot'], [0], epochs=3)
+    # Chance is 10% of the 200 test digits; measured 81.5% and 21.5% (dot
+    # products at t = 100 are nearly uniform attention: a slow start).
+    check_outputs(tmp_path / 'out', ['metric', 'dot'], [0], epochs=3,
+                  floors={'metric': 0.6, 'dot': 0.17})
     record = json.loads((tmp_path / 'out' / 'runs' / 'metric-seed0.json').read_text())
     assert record['task_config']['set_size'] == 50
     assert 'root' not in record['task_config']  # where the data live is no setting
@@ -214,7 +227,10 @@ def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):
     task = CoraTask(epochs=12, progress=False, root=str(tmp_path / 'data'),
                     patience=5, time_scale=10.0, residual=True)
     run_experiment(task, ['metric', 'gat'], [0], tmp_path / 'out', progress=False)
-    check_outputs(tmp_path / 'out', ['metric', 'gat'], [0])
+    # The largest class is 31.9% of Cora's 1000 test nodes; measured 75%
+    # and 80%.
+    check_outputs(tmp_path / 'out', ['metric', 'gat'], [0],
+                  floors={'metric': 0.6, 'gat': 0.6})
     for attention in ('metric', 'gat'):
         record = json.loads(
             (tmp_path / 'out' / 'runs' / f'{attention}-seed0.json').read_text())
@@ -224,6 +240,24 @@ def test_tiny_cora_reports_the_best_validation_epoch(tmp_path):
         assert final['test_acc'] == best['test_acc']
         # Early stopping: the run ends `patience` epochs after the best one.
         assert len(history) == 12 or len(history) == best['epoch'] + 5
+
+
+def test_tiny_citeseer_learns(tmp_path):
+    """CiteSeerTask end to end on the real graph: the metric layer learns
+    (the largest class is 23.1% of the 1000 test nodes; measured 67.9%),
+    and the reported epoch is the best validation one."""
+    shutil.copytree(shared_dataset('planetoid') / 'CiteSeer' / 'raw',
+                    tmp_path / 'data' / 'CiteSeer' / 'raw')
+    task = CiteSeerTask(epochs=12, progress=False, root=str(tmp_path / 'data'),
+                        patience=5, time_scale=10.0, residual=True)
+    run_experiment(task, ['metric'], [0], tmp_path / 'out', progress=False)
+    check_outputs(tmp_path / 'out', ['metric'], [0], floors={'metric': 0.5})
+    record = json.loads((tmp_path / 'out' / 'runs' / 'metric-seed0.json')
+                        .read_text())
+    best = max(record['history'],
+               key=lambda row: (row['val_acc'], -row['val_loss']))
+    assert record['final']['best_epoch'] == best['epoch']
+    assert (tmp_path / 'data' / 'CiteSeer' / 'processed').is_dir()
 
 
 def test_tiny_cora_can_stop_by_the_gat_papers_rule(tmp_path):

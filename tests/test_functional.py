@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -11,6 +12,14 @@ from pyg_metric_attn.nn.functional import (
     attention_logits,
     dense_metric_attention,
     merge_masks,
+)
+from pyg_metric_attn.nn.logits import (
+    LOGIT_ROUNDING_TOLERANCE,
+    centred,
+    check_precision,
+    needs_exact,
+    rounding_error,
+    slice_time_scale,
 )
 
 
@@ -44,7 +53,8 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
     at 1e3 (~1e6) are beyond float32 and must take the exact float64 path."""
     g = torch.Generator().manual_seed(0)
     B, H, L, D = 3, 2, 33, 8
-    q = (torch.randn(B, H, L, D, generator=g) + offset).to(device)
+    q = (torch.randn(B, H, L, D, generator=g) + offset).to(device) \
+        .requires_grad_(grad)
     k = (torch.randn(B, H, L, D, generator=g) + offset).to(device) \
         .requires_grad_(grad)
     v = torch.randn(B, H, L, 5, generator=g).to(device).requires_grad_(grad)
@@ -59,7 +69,7 @@ def test_matches_cdist_reference_with_masks(metric, offset, grad, device):
         if not grad:
             continue
         weight = torch.randn(out.shape, generator=g).to(device)
-        inputs = (k, v)
+        inputs = (q, k, v)
         grads = torch.autograd.grad((out * weight).sum(), inputs)
         expected_grads = torch.autograd.grad((expected * weight).sum(), inputs)
         for got, expected_grad in zip(grads, expected_grads, strict=True):
@@ -350,3 +360,103 @@ def test_no_queries(need_weights):
     k, v = torch.randn(2, 4, 3), torch.randn(2, 4, 2)
     out, _ = dense_metric_attention(k[:, :0], k, v, need_weights=need_weights)
     assert out.shape == (2, 0, 2)
+
+
+def test_rounding_error_is_the_documented_estimate():
+    r"""``u sqrt(D) (max|q| + max|k|)^2 / t`` for distances, ``u max|q|
+    max|k| / t`` for dot products (u: half float32's epsilon, float64's for
+    float64 points); a NaN point is ignored, an infinite one makes it
+    infinite; per slice, one value per leading index."""
+    u32, u64 = 2.0 ** -24, 2.0 ** -53
+    q = torch.tensor([[3.0, 4.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])  # max 5
+    k = torch.tensor([[0.0, 0.0, 0.5, 0.0], [float('nan')] * 4])  # max 0.5
+    assert float(rounding_error(q, k, 'metric', 0.5)) == u32 * 2 * 5.5 ** 2 / 0.5
+    assert float(rounding_error(q, k, 'dot', 0.5)) == u32 * 2.5 / 0.5
+    assert float(rounding_error(q.double(), k.double(), 'l2', 2.0)) == \
+        u64 * 2 * 5.5 ** 2 / 2.0
+    assert float(rounding_error(k, k, 'metric', 1.0)) == u32 * 2 * 1.0
+    none = torch.zeros(2, 0, 4)  # no points: no rounding
+    assert rounding_error(none[0], none[0], 'metric', 1.0).dtype == torch.float64
+    assert float(rounding_error(none[0], none[0], 'metric', 1.0)) == 0
+    assert rounding_error(none, none, 'dot', 1.0, per_slice=True).tolist() == [0, 0]
+    k[0, 0] = float('inf')
+    assert rounding_error(q, k, 'metric', 1.0) == math.inf
+    # Per slice ([2, L, D]: one per leading index) with a time scale each.
+    q2 = torch.stack([q, 2 * q])
+    k2 = torch.stack([torch.zeros(2, 4), torch.ones(2, 4)])  # max 0 and 2
+    t = torch.tensor([1.0, 4.0]).view(2, 1, 1)
+    error = rounding_error(q2, k2, 'metric', t, per_slice=True)
+    assert error.dtype == torch.float64 and error.shape == (2,)
+    torch.testing.assert_close(error, torch.tensor([u32 * 2 * 25 / 1,
+                                                    u32 * 2 * 144 / 4],
+                                                   dtype=torch.float64))
+
+
+def test_needs_exact_decides_per_softmax():
+    """Only the slice whose estimate passes the tolerance (here the
+    distance logits of points of norm 58, 1.6e-3; the dot estimate of the
+    same points, 2e-4, stays under it) takes the exact path."""
+    q = torch.stack([torch.randn(3, 4, generator=torch.Generator()
+                                 .manual_seed(0)),
+                     torch.full((3, 4), 29.0)])  # [2, 3, 4]
+    flags = needs_exact(q, q, 'metric', 1.0)
+    assert flags.tolist() == [False, True]
+    assert float(rounding_error(q[1], q[1], 'dot', 1.0)) < LOGIT_ROUNDING_TOLERANCE
+    assert needs_exact(q, q, 'dot', 1.0).tolist() == [False, False]
+
+
+def test_slice_time_scale_shapes():
+    scalar = slice_time_scale(2.0, torch.device('cpu'))
+    assert scalar.dtype == torch.float64 and scalar.shape == () and scalar == 2
+    assert slice_time_scale(torch.tensor([3.0]), torch.device('cpu')).shape == ()
+    per_slice = torch.arange(1.0, 7.0).view(2, 3, 1, 1)
+    torch.testing.assert_close(slice_time_scale(per_slice, torch.device('cpu')),
+                               per_slice.double()[..., 0, 0])
+    for shape in ((2, 3), (2, 1, 2), (3, 1)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"A tensor 'time_scale' must have one element or one per batch "
+                f"element and head ([..., 1, 1]), got shape {list(shape)}")):
+            slice_time_scale(torch.ones(shape), torch.device('cpu'))
+
+
+def test_centred_shifts_by_the_mean_of_the_counted_keys():
+    """The mean of the finite keys (of those the mask allows) along the
+    softmax's dimension, per batch element: subtracted from both; no key
+    left, no shift; one tied tensor stays one."""
+    key = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [float('nan'), 0.0]],
+                        [[5.0, 5.0], [7.0, 1.0], [9.0, 3.0]]])  # [2, 3, 2]
+    query = torch.zeros(2, 1, 2)
+    shifted_query, shifted_key = centred(query, key)
+    centre = torch.tensor([[[2.0, 4.0]], [[7.0, 3.0]]])
+    torch.testing.assert_close(shifted_query, -centre)
+    torch.testing.assert_close(shifted_key[:, :2], key[:, :2] - centre)
+    mask = torch.tensor([True, False, False]).view(1, 3, 1)
+    torch.testing.assert_close(centred(query, key, mask=mask)[0],
+                               -torch.tensor([[[1.0, 2.0]], [[5.0, 5.0]]]))
+    nothing = torch.zeros(1, 3, 1, dtype=torch.bool)
+    torch.testing.assert_close(centred(query, key, mask=nothing)[0], query)
+    single = torch.tensor([[4.0, -2.0]])
+    assert torch.equal(centred(single, single)[1], torch.zeros(1, 2))
+    points = key[1]
+    tied, tied_key = centred(points, points)
+    assert tied is tied_key
+
+
+def test_centred_bfloat16_centre_is_near_the_mean_and_shifts_exactly():
+    """In 16-bit dtypes the centre is the mean rounded to the unit in the
+    last place of the largest coordinate: the shift rounds nothing."""
+    generator = torch.Generator().manual_seed(1)
+    key = (torch.randn(2, 16, 4, generator=generator) * 3 + 100).bfloat16()
+    query, shifted = centred(key[:, :1].clone(), key)
+    centre = key[:, :1] - query
+    assert torch.equal(shifted + centre, key)
+    ulp = 2.0 ** math.floor(math.log2(float(key.float().abs().max()))) * 2.0 ** -7
+    mean = key.float().mean(1, keepdim=True)
+    assert float((centre.float() - mean).abs().max()) <= ulp / 2
+
+
+def test_check_precision_names_the_policies():
+    assert check_precision('fast') == 'fast'
+    with pytest.raises(ValueError, match=re.escape(
+            "Unknown precision 'exact'; expected one of ('checked', 'fast')")):
+        check_precision('exact')

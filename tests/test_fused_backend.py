@@ -217,6 +217,7 @@ def test_auto_picks_a_path_that_serves_the_call(monkeypatch):
     g = torch.Generator().manual_seed(10)
     edge_index = random_graph(12, 12, 0.3, g, self_loops=False)
     x = torch.randn(12, 6, generator=g)
+    torch.manual_seed(0)
     conv = MetricAttentionConv(6, 4, heads=2)
     fused_calls = []
 
@@ -247,7 +248,12 @@ def test_auto_picks_a_path_that_serves_the_call(monkeypatch):
         conv.backend = 'fused'
         low = conv(x, edge_index)  # fused computes in float32
     assert len(fused_calls) == 2
-    assert torch.allclose(low.float(), expected, atol=0.05)
+    # Only the embeddings and the values are bfloat16 (each rounded once),
+    # the rest float32: within 2 units of bfloat16's roundoff of the
+    # largest output (measured 0.59 here, at most 1.65 over 20 seeds).
+    unit = torch.finfo(torch.bfloat16).eps / 2
+    torch.testing.assert_close(low.float(), expected, rtol=0,
+                               atol=2 * unit * float(expected.abs().max()))
 
 
 def test_backend_error():

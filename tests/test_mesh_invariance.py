@@ -98,8 +98,10 @@ def test_predictions_do_not_depend_on_numbering(mesh_pair, model_name, options):
 
 
 def test_farthest_point_sampling_by_hand():
-    # Two sets of the points 0, 1, ..., 9 on a line, the second shuffled.
-    x = torch.cat([torch.arange(10.0), torch.randperm(10).float()])
+    # Two sets of the points 0, 1, ..., 9 on a line, the second shuffled
+    # (a fixed order that puts the tied points out of position order).
+    shuffled = torch.randperm(10, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([torch.arange(10.0), shuffled.float()])
     pos = torch.stack([x, torch.zeros(20), torch.zeros(20)], dim=1)
     batch = torch.arange(2).repeat_interleave(10)
     chosen = farthest_point_sampling(pos, batch, stride=3)

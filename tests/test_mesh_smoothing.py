@@ -87,6 +87,34 @@ def test_bad_settings_are_named():
         MeshPreprocessing(smoothing=-2)
 
 
+@pytest.mark.parametrize('lam,pass_band,match', [
+    (0.0, 0.1, r"^'lam' must lie in \(0, 1\), got 0\.0$"),
+    (0.5, 0.0, r"^'pass_band' must lie in \(0, 1/lam = 2\), got 0\.0$"),
+    # A round would multiply the top frequency by -1.002 (just past -1):
+    (0.7, 0.1, r"^lam=0\.7, pass_band=0\.1 \(mu=-0\.753\) would amplify the "
+     r"surface instead of smoothing it: a round multiplies the highest "
+     r"frequency by -1 and the pass band by up to 1 \(allowed: above -1, "
+     r"at most 1\.1\)$"),
+    # ... or the pass band by 1.125:
+    (0.5, 1.0, r"^lam=0\.5, pass_band=1\.0 \(mu=-1\) would amplify the "
+     r"surface instead of smoothing it: a round multiplies the highest "
+     r"frequency by 0 and the pass band by up to 1\.12 \(allowed: above -1, "
+     r"at most 1\.1\)$"),
+])
+def test_bad_settings_are_refused_with_their_gains(lam, pass_band, match):
+    pos, face = sphere()
+    with pytest.raises(ValueError, match=match):
+        taubin_smoothing(pos, face, 1, lam=lam, pass_band=pass_band)
+
+
+def test_positions_come_back_as_float64():
+    pos, face = sphere()
+    whole = np.round(pos * 4).astype(np.int64)
+    for steps in (0, 1):
+        assert taubin_smoothing(whole, face, steps).dtype == np.float64
+    np.testing.assert_array_equal(taubin_smoothing(whole, face, 0), whole)
+
+
 def test_preprocessing_computes_the_operators_of_the_smoothed_surface():
     pos, face = sphere()
     pos = pos * np.random.default_rng(1).uniform(0.9, 1.1, (len(pos), 1))

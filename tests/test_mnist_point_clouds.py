@@ -177,13 +177,17 @@ def test_classifier_names_a_pool_of_the_wrong_size():
 
 def test_tiny_task_end_to_end(tiny_mnist, tmp_path, one_thread):
     assert TASKS['mnist_point_clouds'] is MnistPointCloudTask
-    task = MnistPointCloudTask(epochs=3, progress=False, root=str(tiny_mnist),
+    task = MnistPointCloudTask(epochs=40, progress=False, root=str(tiny_mnist),
                                processed_dir=str(tmp_path / 'cache'), hidden=8,
                                num_queries=2, batch_size=10, lr=1e-2,
                                num_test=12)
     out = tmp_path / 'out'
     summary = run_experiment(task, list(POOLINGS), [0], out, progress=False)
-    check_outputs(out, POOLINGS, [0], epochs=3)
+    # Chance is 10%; of the 12 test digits measured 83%, 83% and 42% right
+    # (the attentional pool learns slowest; 3 epochs left all at chance).
+    check_outputs(out, POOLINGS, [0], epochs=40,
+                  floors={'metric_pool': 0.6, 'mean_pool': 0.6,
+                          'attentional_pool': 0.3})
     assert set(summary) == set(POOLINGS)
     record = json.loads((out / 'runs' / 'metric_pool-seed0.json').read_text())
     assert record['task_config']['num_queries'] == 2
@@ -201,9 +205,13 @@ def test_train_and_evaluate_commands(tiny_mnist, tmp_path, capsys, one_thread):
     common = ['--root', str(tiny_mnist), '--processed-dir', str(tmp_path / 'cache'),
               '-o', 'hidden=8', '-o', 'num_queries=2']
     assert main(['train', 'mnist_point_clouds', *common, '--attention',
-                 'metric_pool', '--epochs', '1', '--out', str(run),
-                 '--no-progress']) == 0
+                 'metric_pool', '--epochs', '40', '-o', 'lr=1e-2', '-o',
+                 'batch_size=10', '--out', str(run), '--no-progress']) == 0
     assert main(['evaluate', 'mnist_point_clouds', str(run), *common]) == 0
     assert 'test_acc:' in capsys.readouterr().out
     result = json.loads((run / 'evaluation-test.json').read_text())
-    assert 0.0 <= result['test_acc'] <= 1.0
+    # The trained model's accuracy, as its last epoch recorded it, well
+    # above chance (10%; measured 80% of the 20 test digits).
+    final = json.loads((run / 'metrics.json').read_text())[-1]
+    assert result['test_acc'] == pytest.approx(final['test_acc'])
+    assert result['test_acc'] >= 0.6

@@ -2,10 +2,13 @@
 models, neighbour sampling and torch.compile."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch_geometric.typing
 from conftest import random_graph
+from dense_reference import reference_forward
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.explain import AttentionExplainer, Explainer
 from torch_geometric.nn import GPSConv, to_hetero
@@ -61,13 +64,29 @@ def test_as_local_conv_of_gps():
     assert not torch.allclose(gps(x, edge_index, batch=batch), out)
 
 
+def hetero_reference(convs, x_dict, edge_index_dict):
+    """One layer of a ``to_hetero`` model with ``aggr='sum'``, from the dense
+    float64 reference of each edge type's copy of the layer: per node type,
+    the sum over the edge types that end there."""
+    out = {}
+    for edge_type, edge_index in edge_index_dict.items():
+        src, _, dst = edge_type
+        conv = copy.deepcopy(convs['__'.join(edge_type)]).double()
+        result, _ = reference_forward(conv, x_dict[src].double(),
+                                      x_dict[dst].double(), edge_index)
+        out[dst] = out.get(dst, 0) + result
+    return out
+
+
 def test_to_hetero():
+    """Each node type's output is the sum over its edge types of the
+    bipartite layers (the dense reference; float32 against float64)."""
+    g = torch.Generator().manual_seed(2)
     data = HeteroData()
-    data['paper'].x = torch.randn(12, 8)
-    data['author'].x = torch.randn(7, 5)
-    data['author', 'writes', 'paper'].edge_index = torch.stack(
-        [torch.randint(0, 7, (25,)), torch.randint(0, 12, (25,))])
-    data['paper', 'cites', 'paper'].edge_index = torch.randint(0, 12, (2, 30))
+    data['paper'].x = torch.randn(12, 8, generator=g)
+    data['author'].x = torch.randn(7, 5, generator=g)
+    data['author', 'writes', 'paper'].edge_index = random_graph(7, 12, 0.3, g)
+    data['paper', 'cites', 'paper'].edge_index = random_graph(12, 12, 0.2, g)
     data['paper', 'rev_writes', 'author'].edge_index = \
         data['author', 'writes', 'paper'].edge_index.flip(0)
 
@@ -81,9 +100,17 @@ def test_to_hetero():
         def forward(self, x, edge_index):
             return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
 
+    torch.manual_seed(0)
     model = to_hetero(Model(), data.metadata(), aggr='sum')
     out = model(data.x_dict, data.edge_index_dict)
     assert out['paper'].shape == (12, 3) and out['author'].shape == (7, 3)
+    hidden = hetero_reference(model.conv1, data.x_dict, data.edge_index_dict)
+    expected = hetero_reference(model.conv2,
+                                {key: h.relu() for key, h in hidden.items()},
+                                data.edge_index_dict)
+    for node_type in ('paper', 'author'):
+        torch.testing.assert_close(out[node_type].double(), expected[node_type],
+                                   rtol=1e-5, atol=1e-6)
     sum(o.sum() for o in out.values()).backward()
 
 

@@ -94,15 +94,31 @@ BUILDERS = {
 
 @pytest.mark.parametrize('name', BUILDERS)
 def test_reset_parameters_redraws_every_parameter(name):
+    """Every parameter is drawn anew as at construction: whatever it held
+    before (the same reset from a filled module and from a fresh one),
+    constants (zero biases, unit norms, the initial time scale) exactly as
+    built, random ones not constant and, from 16 values on (fewer say
+    little of a spread), of the built spread within a factor 2."""
     torch.manual_seed(0)
-    module = BUILDERS[name]()
+    module, fresh = BUILDERS[name](), BUILDERS[name]()
+    built = {key: p.detach().clone() for key, p in fresh.named_parameters()}
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.fill_(0.123)
-    module.reset_parameters()
-    unchanged = [key for key, parameter in module.named_parameters()
-                 if (parameter == 0.123).all()]
-    assert unchanged == []
+    for reset in (module, fresh):
+        torch.manual_seed(1)
+        reset.reset_parameters()
+    for (key, parameter), again in zip(module.named_parameters(),
+                                       fresh.parameters(), strict=True):
+        assert torch.equal(parameter, again), key
+        initial = built[key]
+        if initial.numel() == 1 or bool((initial == initial.flatten()[0]).all()):
+            assert torch.equal(parameter, initial), key
+            continue
+        assert not bool((parameter == parameter.flatten()[0]).all()), key
+        if initial.numel() >= 16:
+            ratio = float(parameter.detach().std() / initial.std())
+            assert 0.5 < ratio < 2, (key, ratio)
 
 
 def test_nn_exports_layers_and_models_not_mesh_internals():

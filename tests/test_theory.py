@@ -433,16 +433,19 @@ def test_heat_limit_learned_experiment_command(tmp_path, capsys):
 
 def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
     """Tiny grid end to end: the distances of every run through its depth,
-    before and after training, and the accuracy."""
+    before and after training, and the accuracy: the stacks with skip
+    connections learn the moons (chance 50% of 40 test points; measured
+    77.5-85%), pure attention stacks may collapse (dot at depth 2 stays at
+    55%)."""
     import json
 
     from pyg_metric_attn.cli import main
     out = tmp_path / 'trained'
     assert main(['experiment', 'rank_collapse_trained', '--depths', '1', '2',
                  '--metrics', 'dot,metric', '--blocks', 'attention,skip',
-                 '--seeds', '1', '--epochs', '3', '--set-size', '20',
-                 '--num-train', '40', '--num-test', '40', '--out', str(out),
-                 '--no-progress']) == 0
+                 '--seeds', '1', '--epochs', '3', '--lr', '2e-2',
+                 '--set-size', '20', '--num-train', '40', '--num-test', '40',
+                 '--out', str(out), '--no-progress']) == 0
     assert '| metric | skip |' in capsys.readouterr().out
     assert (out / 'rank_collapse_trained.png').stat().st_size > 0
     results = json.loads((out / 'results.json').read_text())
@@ -452,6 +455,8 @@ def test_rank_collapse_trained_experiment_command(tmp_path, capsys):
         assert all(0 <= r <= 1 for r in run['initial'] + run['trained'])
         assert run['trained'] != run['initial']  # the weights moved
         assert 0 <= run['test_acc'] <= 1
+        if run['block'] == 'skip':
+            assert run['test_acc'] >= 0.7, run
     assert main(['experiment', 'rank_collapse_trained', '--blocks', 'conv',
                  '--out', str(out)]) != 0
     assert 'Unknown block kind' in capsys.readouterr().err
@@ -474,7 +479,8 @@ def test_rank_collapse_trained_on_mnist_point_sets(tmp_path, capsys):
     results = json.loads((out / 'results.json').read_text())
     assert results['data'] == 'mnist'
     run, = results['runs']
-    assert len(run['trained']) == 2 and 0 <= run['test_acc'] <= 1
+    # Ten digits (chance 10%): measured 40% of the 40 test sets.
+    assert len(run['trained']) == 2 and 0.25 <= run['test_acc'] <= 1
     assert main(['experiment', 'rank_collapse_trained', *tiny,
                  '--out', str(tmp_path / 'moons')]) == 0
     capsys.readouterr()

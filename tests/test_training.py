@@ -46,8 +46,9 @@ def make_trainer(out_dir=None, **kwargs):
     def evaluate(model):
         return {'acc': float((model(x).argmax(1) == y).float().mean())}
 
+    kwargs.setdefault('monitor', 'acc')
     trainer = Trainer(model, optimizer, step, evaluate, out_dir=out_dir,
-                      progress=False, monitor='acc', **kwargs)
+                      progress=False, **kwargs)
     return trainer, batches
 
 
@@ -168,6 +169,37 @@ def test_several_monitors_follow_the_gat_papers_rule(tmp_path):
         Trainer(torch.nn.Linear(1, 1), optimizer, None,
                 scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
                 monitor={'acc': 'max', 'loss': 'min'})
+
+
+def test_reduce_lr_on_plateau_reads_the_monitored_metric_and_resumes(tmp_path):
+    """A ReduceLROnPlateau scheduler steps once per epoch on the monitored
+    metric (here accuracy, mode max, patience 1): the learning rate halves
+    after two epochs without a better value, and a resumed run keeps the
+    scheduler's state."""
+    scores = [0.5, 0.6, 0.6, 0.6, 0.6, 0.7, 0.7, 0.7, 0.7]
+
+    def make(out_dir=None):
+        trainer, batches = make_trainer(out_dir)
+        trainer.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            trainer.optimizer, mode='max', factor=0.5, patience=1)
+        trainer.evaluate = lambda model: {'acc': scores[len(trainer.history)]}
+        return trainer, batches
+
+    trainer, batches = make()
+    lrs = [row['lr'] for row in trainer.fit(batches, 9)]
+    assert lrs == [1e-2] * 4 + [5e-3] * 4 + [2.5e-3]
+    first, batches = make(tmp_path)
+    first.fit(batches, 3)  # one epoch without progress counted
+    resumed, batches = make(tmp_path)
+    assert [row['lr'] for row in resumed.fit(batches, 9, resume=True)] == lrs
+    # Without a monitor it reads the training loss (mode min).
+    trainer, batches = make_trainer(monitor=None)
+    seen = []
+    trainer.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        trainer.optimizer)
+    trainer.scheduler.step = seen.append
+    history = trainer.fit(batches, 3)
+    assert seen == [row['train_loss'] for row in history]
 
 
 def test_atomic_and_verified_writes(tmp_path):

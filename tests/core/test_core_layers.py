@@ -15,6 +15,8 @@ from functools import partial
 
 import pytest
 import torch
+from conftest import random_graph
+from dense_reference import ipn_on_graph
 from extras import hidden_modules
 from torch_geometric.nn import GATConv
 
@@ -103,26 +105,45 @@ def test_multihead_attention_forward_backward():
 
 @pytest.mark.parametrize('conv', [None, partial(GATConv, heads=2, concat=False)])
 def test_ipn_on_graphs_and_point_sets(conv):
+    """On a graph: Linear, the layers along its edges, Linear (the paper's
+    layer from the dense float64 reference: rtol 1e-4 for float32). On one
+    point set: the same model on the set's all-pairs graph."""
     torch.manual_seed(0)
     model = IPN(3, 8, 2, num_layers=2, conv=conv)
-    x = torch.randn(10, 3)
-    edge_index = torch.randint(0, 10, (2, 30))
-    assert model(x, edge_index).shape == (10, 2)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 3, generator=generator)
+    edge_index = random_graph(10, 10, 0.3, generator)
+    on_graph = model(x, edge_index)
+    assert on_graph.shape == (10, 2)
+    torch.testing.assert_close(on_graph, ipn_on_graph(model, x, edge_index),
+                               rtol=1e-4, atol=1e-5)
     out = model(x)  # all pairs of one point set
     out.sum().backward()
-    assert out.shape == (10, 2)
+    all_pairs = torch.cartesian_prod(torch.arange(10), torch.arange(10)).T
+    torch.testing.assert_close(out, model(x, all_pairs), rtol=1e-5, atol=1e-6)
 
 
 def test_metric_transformer_forward_backward():
+    """Position ``i``'s logits depend on the target tokens up to ``i`` and
+    on the real source tokens only: the same with the later target tokens
+    changed or the source padded, others where the changed tokens are seen."""
     torch.manual_seed(0)
     model = MetricTransformer(11, 13, d_model=16, num_heads=2,
                               num_encoder_layers=1, num_decoder_layers=1,
-                              dim_feedforward=32)
-    src = torch.randint(1, 11, (2, 7))
-    tgt = torch.randint(1, 13, (2, 5))
+                              dim_feedforward=32).eval()
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(1, 11, (2, 7), generator=generator)
+    tgt = torch.randint(1, 13, (2, 5), generator=generator)
     logits = model(src, tgt)
     logits.sum().backward()
     assert logits.shape == (2, 5, 13) and torch.isfinite(logits).all()
+    later = tgt.clone()
+    later[:, 3:] = (later[:, 3:] % 12) + 1  # other tokens from position 3 on
+    changed = model(src, later)
+    torch.testing.assert_close(changed[:, :3], logits[:, :3])
+    assert (changed[:, 3:] - logits[:, 3:]).abs().amax() > 1e-3
+    padded = torch.cat([src, src.new_zeros(2, 4)], dim=1)  # pad_index 0
+    torch.testing.assert_close(model(padded, tgt), logits)
 
 
 def test_a_missing_module_of_this_package_is_no_missing_extra():
