@@ -188,15 +188,8 @@ def _gather(X, idx, h, H, W, offs, emask, wmask):
 
 
 @triton.jit
-def _bias(BIAS, e, h, H, emask, HAS_BIAS: tl.constexpr):
-    """The edges' logit bias as float32 ``[BLOCK_E]`` (0 without one)."""
-    if HAS_BIAS:
-        return tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32)
-    return tl.zeros(e.shape, tl.float32)
-
-
-@triton.jit
-def _logits(a, b, scale, bias, inv_r, DOT: tl.constexpr):
+def _logits(a, b, scale, BIAS, e, h, H, emask, inv_r,
+            DOT: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Logits without and with the bias (``[BLOCK_E]``, range units) of the
     points ``a``, ``b`` (broadcast to ``[BLOCK_E, BLOCK_D]``) and their
     difference (the metric gradients' direction)."""
@@ -205,7 +198,10 @@ def _logits(a, b, scale, bias, inv_r, DOT: tl.constexpr):
         s0 = tl.sum(a * b, 1) * scale
     else:
         s0 = -tl.sum(diff * diff, 1) * scale
-    return s0, s0 + bias * inv_r, diff
+    s = s0
+    if HAS_BIAS:
+        s += tl.load(BIAS + e * H + h, mask=emask, other=0.0).to(tl.float32) * inv_r
+    return s0, s, diff
 
 
 @triton.jit
@@ -274,10 +270,11 @@ def _forward_pass(lo, hi, COL, K, V, BIAS, q_raw, h, H, D, C, offs_d, offs_c,
         emask = e < hi
         j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
         k = _gather(K, j, h, H, D, offs_d, emask, dmask)
-        bias = _bias(BIAS, e, h, H, emask, HAS_BIAS)
         k_max = tl.maximum(k_max, tl.max(tl.max(_finite_abs(k), 1), 0))
-        b_max = tl.maximum(b_max, tl.max(_finite_abs(bias), 0))
-        s0, s, diff = _logits(q[None, :], k * inv_ck, scale, bias, inv_r, DOT)
+        s0, s, diff = _logits(q[None, :], k * inv_ck, scale, BIAS, e, h, H, emask,
+                              inv_r, DOT, HAS_BIAS)
+        if HAS_BIAS:  # the bias as it entered the logits (R = 1 in a first pass)
+            b_max = tl.maximum(b_max, tl.max(_finite_abs(s - s0), 0))
         s = tl.where(emask, s, float('-inf'))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
@@ -433,8 +430,7 @@ def weights_kernel(Q, K, BIAS, TS, SEED, ROW, COL, STATS, WEIGHTS, E, H, D,
         e_q, e_k, e_r, tl.load(TS), D, DOT)
     q = _gather(Q, i, h, H, D, offs_d, emask, dmask) * inv_cq[:, None]
     k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck[:, None]
-    s0, s, diff = _logits(q, k, scale, _bias(BIAS, e, h, H, emask, HAS_BIAS),
-                          inv_r, DOT)
+    s0, s, diff = _logits(q, k, scale, BIAS, e, h, H, emask, inv_r, DOT, HAS_BIAS)
     p = _probabilities(s, m, log_l, emask, r_a, r_b)
     if DROPOUT:
         p = p * _dropout_scale(_seed(SEED, DROPOUT), e, h, H, p_drop, drop_scale,
@@ -479,8 +475,8 @@ def backward_rows_kernel(Q, K, V, BIAS, TS, SEED, COL, SCHED, n_items, STATS,
             emask = e < hi
             j = tl.load(COL + e, mask=emask, other=0).to(tl.int64)
             k = _gather(K, j, h, H, D, offs_d, emask, dmask) * inv_ck
-            s0, s, diff = _logits(q[None, :], k, scale,
-                                  _bias(BIAS, e, h, H, emask, HAS_BIAS), inv_r, DOT)
+            s0, s, diff = _logits(q[None, :], k, scale, BIAS, e, h, H, emask,
+                                  inv_r, DOT, HAS_BIAS)
             p = _probabilities(s, m, log_l, emask, r_a, r_b)
             v = _gather(V, j, h, H, C, offs_c, emask, cmask)
             ds, pz = _logit_gradient(p, tl.sum(do[None, :] * v, 1), GW, e, h, H,
@@ -545,7 +541,7 @@ def backward_columns_kernel(Q, K, V, BIAS, TS, SEED, CSC_ROW, CSC_EDGE, SCHED,
                 e_q, e_k, e_r, t, D, DOT)
             q = _gather(Q, i, h, H, D, offs_d, emask, dmask) * inv_cq[:, None]
             s0, s, diff = _logits(q, k_raw[None, :] * inv_ck[:, None], scale,
-                                  _bias(BIAS, e, h, H, emask, HAS_BIAS), inv_r, DOT)
+                                  BIAS, e, h, H, emask, inv_r, DOT, HAS_BIAS)
             p = _probabilities(s, m, log_l, emask, r_a, r_b)
             do = _gather(DOUT, i, h, H, C, offs_c, emask, cmask)
             delta = tl.load(DELTA + i * H + h, mask=emask, other=0.0)
