@@ -841,3 +841,52 @@ def test_layer_compiles_to_one_graph():
                                                     list(conv.parameters())))
     for eager, traced in zip(*results, strict=True):
         torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_training_step_reads_the_graph_from_the_cache():
+    """A full-batch training loop under ``torch.compile(fullgraph=True)`` (as
+    with ``mode='reduce-overhead'`` on a GPU) once an eager step has
+    prepared the graph: one graph, not compiled again at the next step,
+    holding the layer's maps and the custom operator but none of the
+    graph's construction (no ``nonzero``, sort, ``searchsorted``,
+    ``cumsum``): the cached structures enter as inputs, marked static for
+    CUDA graphs. Output and gradients equal eager's."""
+    import torch._dynamo
+
+    from pyg_metric_attn import MetricAttentionConv
+    from pyg_metric_attn.nn.edge_attention import LayerGraph
+    from pyg_metric_attn.utils import graph_cache
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(8, 5, generator=g).to(DEVICE)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g).to(DEVICE)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(5, 3, heads=2, learn_time_scale=True,
+                               backend='triton').to(DEVICE)
+    graph_cache.clear()
+    expected = conv(x, edge_index)  # the eager step prepares the graph
+    expected_grads = torch.autograd.grad(expected.square().sum(),
+                                         list(conv.parameters()))
+    graphs = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return torch._dynamo.lookup_backend('aot_eager')(graph_module,
+                                                         example_inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True, backend=recording)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            out = compiled(x, edge_index)
+            grads = torch.autograd.grad(out.square().sum(),
+                                        list(conv.parameters()))
+    assert len(graphs) == 1
+    targets = ' '.join(str(node.target) for node in graphs[0].graph.nodes)
+    assert 'pyg_metric_attn.triton_attention' in targets
+    for construction in ('nonzero', 'sort', 'searchsorted', 'cumsum'):
+        assert construction not in targets
+    perm, prepared = LayerGraph(edge_index, 8, 8, True).triton_graph()  # cached
+    assert all(getattr(t, '_dynamo_static_input_type', None)
+               for t in (perm, *prepared.tensors()))
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)

@@ -171,9 +171,10 @@ class LayerGraph:
         def build() -> tuple[Tensor, Tensor]:
             edge_index = self.source.long()
             kept = (edge_index[0] != edge_index[1]).nonzero().view(-1)
-            return add_self_loops(edge_index.index_select(1, kept),
-                                  num_nodes=min(self.num_src, self.num_dst)
-                                  )[0], kept
+            return static(add_self_loops(edge_index.index_select(1, kept),
+                                         num_nodes=min(self.num_src,
+                                                       self.num_dst))[0],
+                          kept)
         if self._with_loops is None:
             self._with_loops = self._cached('self_loops', build)
         return self._with_loops
@@ -192,9 +193,22 @@ class LayerGraph:
         def build() -> tuple[Tensor, TritonGraph]:
             edge_index = self.edge_index
             perm, ptr = sort_by_segment(edge_index[1], self.num_dst)
-            return perm, prepare_triton_graph(
+            prepared = prepare_triton_graph(
                 ptr, edge_index[0].index_select(0, perm), self.num_src)
+            static(*prepared.tensors())
+            return static(perm)[0], prepared
         return self._cached('triton_graph', build)
+
+
+def static(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors``, marked (outside :func:`torch.compile`) as static inputs
+    of a compiled graph: cached structures that CUDA graphs
+    (``mode='reduce-overhead'``) read in place instead of copying them in at
+    every replay (:mod:`~pyg_metric_attn.utils.graph_cache`)."""
+    if not torch.compiler.is_compiling():
+        for tensor in tensors:
+            torch._dynamo.mark_static_address(tensor)
+    return tensors
 
 
 def mean_over_edges(out: Tensor, ptr: Tensor) -> Tensor:
