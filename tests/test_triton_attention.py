@@ -782,6 +782,29 @@ def test_a_repeated_launch_enters_the_compiled_kernel(monkeypatch):
     assert fake.calls[1] == ('compiled', (5, 2, 1), (x, 3, True, 1))
 
 
+def test_inputs_of_another_alignment_give_the_same_result():
+    """Repeated launches on one prepared graph, with inputs that lie 4 bytes
+    off a 16-byte boundary between aligned ones: bitwise the same outputs
+    and gradients (on a GPU the compiled kernel of each alignment is kept
+    and entered directly: :class:`function.Launch`)."""
+    gen = torch.Generator().manual_seed(25)
+    rowptr, col = messy_csr(7, 6, gen, p=0.5)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+    q, k, v, b = inputs(7, 6, 2, 3, 4, col.numel(), gen)
+    results = []
+    for offset in (0, 1, 0, 1):
+        shifted = []
+        for x in (q, k, v, b):
+            buffer = torch.empty(x.numel() + offset, device=DEVICE, dtype=x.dtype)
+            shifted.append(buffer[offset:].view_as(x).copy_(x).requires_grad_())
+        out, _ = ta.triton_metric_attention(*shifted[:3], edge_bias=shifted[3],
+                                            graph=graph)
+        results.append((out,) + torch.autograd.grad(out.square().sum(), shifted))
+    for other in results[1:]:
+        assert all(torch.equal(a, b_) for a, b_ in zip(results[0], other,
+                                                      strict=True))
+
+
 def test_plans_are_made_once_per_graph_and_dtype(monkeypatch):
     """A repeated step on a prepared graph reuses the forward and backward
     plans made by the first; another dtype gets its own."""
