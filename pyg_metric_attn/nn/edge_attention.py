@@ -40,12 +40,7 @@ from pyg_metric_attn.nn.triton import (
     triton_metric_attention,
 )
 from pyg_metric_attn.utils.checks import check_edge_index
-from pyg_metric_attn.utils.csr import (
-    HeadBlockCSR,
-    from_blocks,
-    sort_by_segment,
-    to_blocks,
-)
+from pyg_metric_attn.utils.csr import HeadBlockCSR, sort_by_segment
 from pyg_metric_attn.utils.graph_cache import cached
 
 T = TypeVar('T')
@@ -268,8 +263,7 @@ def fused_attention(graph: LayerGraph, query: Tensor, key: Tensor,
             edge_index[0], graph.num_dst, graph.num_src, edge_graph,
             sinkhorn_iterations)
         out = SparseAggregate.apply(csr, csr.from_edges(alpha),
-                                    to_blocks(value.to(alpha.dtype)))
-        out = from_blocks(out, csr.heads)
+                                    value.to(alpha.dtype))
         weights = alpha.to(key.dtype) if need_weights else None
     out = out.to(value.dtype)
     return (mean_over_edges(out, csr.ptr) if mean else out), weights
