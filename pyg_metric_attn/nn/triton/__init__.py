@@ -41,6 +41,7 @@ from torch import Tensor
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.nn.triton.function import run_attention
 from pyg_metric_attn.nn.triton.schedule import TritonGraph, prepare_triton_graph
+from pyg_metric_attn.utils.constants import device_constant
 
 try:  # triton is an optional dependency: pip install pyg-metric-attn[gpu]
     import triton  # noqa: F401
@@ -133,7 +134,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
             raise ValueError('time_scale must be a float or a one-element tensor')
         ts = time_scale.to(device=device, dtype=torch.float32).reshape(1)
     else:
-        ts = _constant(float(time_scale), device)
+        ts = device_constant(float(time_scale), device, torch.float32, (1,))
     seed_t = None
     if dropout_p > 0:  # on the device: drawing or copying it never syncs
         seed_t = (torch.randint(2**31 - 1, (1,), device=device) if seed is None else
@@ -145,24 +146,6 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
         graph.tensors(transpose=deterministic), graph.chunk, metric,
         float(dropout_p), need_weights, ts.requires_grad and torch.is_grad_enabled())
     return out, weights, stats
-
-
-def _constant(value: float, device: torch.device) -> Tensor:
-    """A float time scale as the one-element float32 tensor the kernels
-    read: made once per value and device outside :func:`torch.compile` (a
-    fill is a kernel launch on a GPU), kept for the last few."""
-    if torch.compiler.is_compiling():
-        return torch.full((1,), value, device=device, dtype=torch.float32)
-    constant = _CONSTANTS.pop((value, device), None)
-    if constant is None:
-        constant = torch.full((1,), value, device=device, dtype=torch.float32)
-    _CONSTANTS[value, device] = constant  # most recent last
-    while len(_CONSTANTS) > 16:
-        del _CONSTANTS[next(iter(_CONSTANTS))]
-    return constant
-
-
-_CONSTANTS: dict[tuple[float, torch.device], Tensor] = {}
 
 
 def triton_metric_attention(query: Tensor, key: Tensor, value: Tensor,
