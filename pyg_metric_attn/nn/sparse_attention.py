@@ -99,24 +99,43 @@ class ExpandedLogits(torch.autograd.Function):
         grad = grad.contiguous()
         grad_query = grad_key = grad_time = None
         _, need_query, need_key, _, need_time, _ = ctx.needs_input_grad
+        if need_key:  # (G_b)_{:D} - 2 k / t (G_b)_D, written node-major
+            grad_b = graph.aggregate_transposed(grad, a)
+            grad_key = _node_major(grad_b[..., :dim])
+            if ctx.extra:  # the key term -|k|^2 / t
+                grad_key.transpose(0, 1).addcmul_(
+                    b[..., :dim], grad_b[..., dim:dim + 1] * (-2.0 / t))
+            del grad_b
         if need_query or need_time:
             grad_a = graph.aggregate(grad, b)
             if need_time:
                 grad_time = -torch.dot(a.view(-1), grad_a.view(-1)) / t
-            if need_query:
-                grad_query = grad_a[..., :dim].mul_(ctx.scale)
+            if need_query and ctx.tied and grad_key is not None:
+                # One tensor at both ends: its gradient in one buffer.
+                _add_scaled(grad_key.transpose(0, 1), grad_a[..., :dim], ctx.scale)
+            elif need_query:
+                grad_query = _node_major(grad_a[..., :dim]).mul_(ctx.scale)
                 if ctx.extra == 2:  # the row term -|q|^2 / t
-                    grad_query.add_(a[..., :dim] * (grad_a[..., dim + 1:] * (
-                        -2.0 / (ctx.scale * t))))
-                grad_query = grad_query.transpose(0, 1)
-        if need_key:
-            grad_b = graph.aggregate_transposed(grad, a)
-            grad_key = grad_b[..., :dim]
-            if ctx.extra:  # the key term -|k|^2 / t
-                grad_key.addcmul_(b[..., :dim],
-                                  grad_b[..., dim:dim + 1] * (-2.0 / t))
-            grad_key = grad_key.transpose(0, 1)
+                    grad_query.transpose(0, 1).addcmul_(
+                        a[..., :dim], grad_a[..., dim + 1:] * (-2.0 / (ctx.scale * t)))
         return None, grad_query, grad_key, None, grad_time, None
+
+
+def _node_major(blocks: Tensor) -> Tensor:
+    """Head-major ``[H, N, D]`` values (any strides) copied into a new
+    contiguous node-major ``[N, H, D]`` tensor (a gradient the points' view
+    takes without another copy)."""
+    out = blocks.new_empty(blocks.size(1), blocks.size(0), blocks.size(2))
+    out.transpose(0, 1).copy_(blocks)
+    return out
+
+
+def _add_scaled(out: Tensor, values: Tensor, scale: float | Tensor) -> None:
+    """``out += scale values`` in place (a float or a 0-dim tensor scale)."""
+    if isinstance(scale, Tensor):
+        out.addcmul_(values, scale)
+    else:
+        out.add_(values, alpha=scale)
 
 
 def _blocks(points: Tensor, extra: int) -> Tensor:
