@@ -263,7 +263,12 @@ def compiled_forward(layer: torch.nn.Module, x: torch.Tensor,
     without it Dynamo splits both GATConv (3 graphs) and MetricAttentionConv
     (6) where they drop the self-loops (``nonzero``, a data-dependent size;
     until 2026-11-27 the suite compiled them so); with it each is one
-    graph."""
+    graph. One eager call first prepares the graph, as a training loop on a
+    fixed graph does (examples/fixed_graph_training.py): MetricAttentionConv
+    caches its structures on ``edge_index`` and the compiled graph reads
+    them instead of building them (issue 60); GATConv caches nothing."""
+    with torch.no_grad():
+        layer(x, edge_index)
     if x.device.type != 'cuda':
         model = torch.compile(layer, backend='aot_eager', fullgraph=True)
         return lambda: model(x, edge_index)

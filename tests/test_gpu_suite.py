@@ -346,3 +346,18 @@ def test_the_host_profile_reports_a_step(capsys, device):
     out = capsys.readouterr().out
     assert 'median step:' in out and 'launches per step' in out
     assert 'host functions by own time' in out and 'Self CPU' in out
+
+
+def test_a_compiled_cell_prepares_its_graph_eagerly_first():
+    """The compiled cells call the layer once eagerly before compiling, as a
+    training loop on a fixed graph does, so the compiled step reads the
+    cached graph instead of building it in the graph (issue 60)."""
+    from pyg_metric_attn.utils import graph_cache
+    graph_cache.clear()
+    x = torch.randn(12, 8)
+    edge_index = torch.randint(0, 12, (2, 30))
+    layer = gpu_cases.sparse_layer('metric-triton', 8, 4, 2)
+    gpu_cases.compiled_forward(layer, x, edge_index)
+    kinds = {key[1][0] for key in graph_cache._entries
+             if key[0] == id(edge_index)}
+    assert 'triton_graph' in kinds
