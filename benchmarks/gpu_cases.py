@@ -92,9 +92,14 @@ import torch
 from benchmarks.cases import sparse_layer
 from benchmarks.graphs import make_graph
 from benchmarks.measure import is_out_of_memory
-from benchmarks.run import format_cell, result_key
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.shared import (
+    ROOT,
+    add_shared_arguments,
+    format_cell,
+    machine,
+    result_key,
+    size_of,
+)
 
 SPARSE_BASELINE = 'GATConv'
 SPARSE_VARIANTS = ('GATConv', 'GATv2Conv', 'TransformerConv', 'metric-triton',
@@ -258,7 +263,12 @@ def compiled_forward(layer: torch.nn.Module, x: torch.Tensor,
     without it Dynamo splits both GATConv (3 graphs) and MetricAttentionConv
     (6) where they drop the self-loops (``nonzero``, a data-dependent size;
     until 2026-11-27 the suite compiled them so); with it each is one
-    graph."""
+    graph. One eager call first prepares the graph, as a training loop on a
+    fixed graph does (examples/fixed_graph_training.py): MetricAttentionConv
+    caches its structures on ``edge_index`` and the compiled graph reads
+    them instead of building them (issue 60); GATConv caches nothing."""
+    with torch.no_grad():
+        layer(x, edge_index)
     if x.device.type != 'cuda':
         model = torch.compile(layer, backend='aot_eager', fullgraph=True)
         return lambda: model(x, edge_index)
@@ -875,7 +885,7 @@ def main(argv: list[str] | None = None) -> None:
                    float(deadline))
         return
     args = parse_args(argv)
-    size = 'tiny' if args.tiny else 'quick' if args.quick else 'full'
+    size = size_of(args)
     plan = jobs(size, args)
     if args.dry_run:
         total = 0.0
@@ -891,7 +901,7 @@ def main(argv: list[str] | None = None) -> None:
     name = 'gpu-tiny' if args.tiny else 'gpu'
     meta = dict(command='python -m benchmarks.run ' + ' '.join(argv),
                 size=size, device=args.device, date=date.today().isoformat(),
-                budget_s=args.budget_s, machine=_machine(), **versions())
+                budget_s=args.budget_s, machine=machine(), **versions())
     results: list[dict[str, Any]] = []
     previous: dict[str, dict[str, Any]] = {}
     path = args.out / f'{name}.json'
@@ -941,11 +951,6 @@ def _summary(result: dict[str, Any]) -> str:
     memory = result.get('peak_over_baseline_mib')
     return (f"{label}: {result['median_s'] * 1e3:.2f} ms" +
             (f', +{memory:.0f} MiB' if memory is not None else ''))
-
-
-def _machine() -> str:
-    from benchmarks.run import machine
-    return machine()
 
 
 # ---------------------------------------------------------------- report
@@ -1180,29 +1185,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog='python -m benchmarks.run --suite gpu',
         description='The GPU suite (see benchmarks/gpu_cases.py).')
     parser.add_argument('--suite', choices=['gpu'], default='gpu')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available()
-                        else 'cpu')
-    parser.add_argument('--out', type=Path,
-                        default=ROOT / 'benchmarks' / 'results')
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument('--quick', action='store_true',
-                      help='the targets only: float32 sparse, power-law at '
-                           '100k only, dense L in {1024, 4096}')
-    size.add_argument('--tiny', action='store_true',
-                      help='tiny sizes that run on a CPU in seconds (tests)')
+    add_shared_arguments(
+        parser, device='cuda' if torch.cuda.is_available() else 'cpu',
+        timeout=300.0,
+        quick='the targets only: float32 sparse, power-law at 100k only, '
+              'dense L in {1024, 4096}',
+        tiny='tiny sizes that run on a CPU in seconds (tests)',
+        resume='keep the results in OUT/gpu.json that are not "skipped" and '
+               'run only the rest (results of jobs not selected now stay in '
+               'the file)')
     parser.add_argument('--budget-s', type=float, default=540.0,
                         help='stop starting work after this many seconds; '
                              'results so far are kept (default 540)')
-    parser.add_argument('--timeout', type=float, default=300.0,
-                        help='seconds per job process (default 300)')
     parser.add_argument('--min-time', type=float, default=1.0,
                         help='time fast steps for about this long (default 1)')
     parser.add_argument('--only', nargs='+', default=None,
                         help='jobs whose name contains one of these words '
                              '(e.g. sparse, dense-kernel, sdpa-kernels, 1M, '
                              'bfloat16, multi30k)')
-    parser.add_argument('--variants', nargs='+', default=None,
-                        help='only these variants (e.g. GATConv metric-triton)')
     parser.add_argument('--multi30k', choices=['auto', 'real', 'synthetic', 'off'],
                         default='auto',
                         help="Multi30k speed job: 'auto' uses the raw files "
@@ -1211,10 +1211,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument('--multi30k-root', default=None)
     parser.add_argument('--multi30k-steps', type=int, default=None,
                         help='timed training steps (default 300; quick 100)')
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the results in OUT/gpu.json that are not '
-                             '"skipped" and run only the rest (results of jobs '
-                             'not selected now stay in the file)')
     parser.add_argument('--dry-run', action='store_true',
                         help='print the jobs and estimates, run nothing')
     return parser.parse_args(argv)

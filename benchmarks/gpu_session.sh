@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
 # The GPU checks, each a command that fits the device's 10-minute limit:
 #
-#   bash benchmarks/gpu_session.sh lease      # a 15-minute lease: the CUDA
-#                                             # tests, compute-sanitizer, the
-#                                             # host profiles (and with
+#   bash benchmarks/gpu_session.sh lease      # a 15-minute lease, call 1: the
+#                                             # CUDA tests, compute-sanitizer,
+#                                             # the host profiles at Cora size,
+#                                             # the CUDA-graph example (and with
 #                                             # HUMAN_SEG_S two human_seg
-#                                             # epochs) and the targets'
-#                                             # benchmarks in LEASE_S seconds
-#                                             # (default 420)
+#                                             # epochs), then issue 60's table
+#                                             # until LEASE_S seconds (420)
+#   bash benchmarks/gpu_session.sh table      # call 2: the rest of the table
+#                                             # (resumed; TABLE_S seconds, 520)
+#   bash benchmarks/gpu_session.sh plan       # the table's jobs and estimates
+#                                             # (a dry run: no GPU needed)
 #   bash benchmarks/gpu_session.sh tests      # environment + the whole suite
 #                                             # on CUDA (also: make test-gpu)
 #   bash benchmarks/gpu_session.sh bench      # python -m benchmarks.run --suite gpu
 #   bash benchmarks/gpu_session.sh human_seg  # train MetricMeshFormer on CUDA
 #
+# Issue 60's table (TABLE below): GATConv against the Triton layer at Cora
+# and PubMed size, eager and compiled (torch.compile(fullgraph=True,
+# mode='reduce-overhead'), the *-compiled variants), at 100k nodes / 2M
+# edges (uniform and power-law, float32 and bfloat16), and the dense kernel
+# and module against SDPA at L = 1024, 4096, 16384; about 330 s of
+# estimated work, so `lease` starts it and `table` finishes it.
+#
 # Run from anywhere; works in the repository root. Writes into $OUT (the
 # device tool's output folder; ./gpu-out when unset), at most 8 files. The
 # suite's results are written into $OUT/bench after every job (so a call cut
 # short still returns them) and kept in ./gpu-out/bench (which stays on a
-# warm machine): `bench` and `lease` resume from them, so a second call
-# measures what the first had no time for. Extra arguments after `bench`
-# go to the suite (e.g. --quick, --budget-s 240).
+# warm machine): `bench`, `table` and `lease` resume from them, so a second
+# call measures what the first had no time for. Extra arguments after
+# `bench` or `table` go to the suite (e.g. --quick, --budget-s 240).
 # Optional, both made here by `make gpu-bundle` and carried untracked (they
 # are in .gitignore): the mesh packages' wheels in ./.whl are installed first
 # (into /tmp/site), and ./.data/human_seg.tar.xz is unpacked into
@@ -78,6 +89,12 @@ EOF
     fi
 }
 
+# Issue 60's table: the GPU suite's jobs and variants (module header).
+TABLE=(--only sdpa-kernels dense-kernel dense-module 'small 2708/'
+    'small 19717/' 100k/2M --variants GATConv metric-triton GATConv-compiled
+    metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot
+    mha-metric mha-metric-fast)
+
 # The test files whose tests take the --device fixture (or pick CUDA when
 # it is there), and the Triton kernels' tests.
 DEVICE_TESTS=(tests/test_triton_attention.py tests/test_metric_attention_conv.py
@@ -86,7 +103,8 @@ DEVICE_TESTS=(tests/test_triton_attention.py tests/test_metric_attention_conv.py
     tests/test_fused_backend.py tests/test_multihead.py
     tests/test_functional.py tests/test_dense_numerics.py
     tests/test_dense_augmentation.py tests/test_exact_attention.py
-    tests/test_dense_sync_free.py tests/test_device.py tests/test_gpu_suite.py)
+    tests/test_dense_sync_free.py tests/test_device.py tests/test_gpu_suite.py
+    tests/test_graph_cache.py)
 pytest_extra=()
 $PY -c 'import pytest_timeout' 2>/dev/null && pytest_extra+=(--timeout 120)
 xdist=()
@@ -139,16 +157,17 @@ human_seg() {
 
 case "$mode" in
 lease)
-    # What one 15-minute lease can hold, most important first: the device
-    # tests (TESTS_S, default 150 s, at most), the Triton layer on every
-    # input format under compute-sanitizer's memcheck (60 s at most), where
-    # the time of a Cora-size layer step and of the dense module goes
-    # (benchmarks/host_profile.py, 40 s each at most; host_dispatch.py;
-    # global_keys.py on human_seg, 75 s at most),
-    # with HUMAN_SEG_S > 0 two epochs of human_seg in at most that many
-    # seconds (default 0: read once, 2026-11-27, 5.0 s per epoch on an
-    # H200), then the issues' benchmark targets until LEASE_S. A second call
-    # (`bench`) on the warm machine resumes the benchmarks.
+    # What one call of a 15-minute lease can hold, most important first: the
+    # device tests (TESTS_S, default 150 s, at most), the Triton layer on
+    # every input format under compute-sanitizer's memcheck (45 s at most),
+    # where the time of a Cora-size layer step and of the dense module goes
+    # (benchmarks/host_profile.py, 30 s each at most; host_dispatch.py;
+    # global_keys.py on human_seg, 75 s at most), the training step recorded
+    # with torch.cuda.graphs (examples/fixed_graph_training.py, 40 s at
+    # most), with HUMAN_SEG_S > 0 two epochs of human_seg in at most that
+    # many seconds (default 0: read once, 2026-11-27, 5.0 s per epoch on an
+    # H200), then issue 60's table until LEASE_S. A second call (`table`)
+    # on the warm machine resumes the table.
     lease_s=${LEASE_S:-420}
     environment > "$OUT/env.txt" 2>&1
     device_tests "${TESTS_S:-150}" "$OUT/tests-cuda.log"
@@ -156,22 +175,29 @@ lease)
     if command -v compute-sanitizer > /dev/null && [ "$DEVICE" = cuda ]; then
         echo "=== compute-sanitizer memcheck, Triton cases of test_conv_inputs.py" \
             >> "$OUT/tests-cuda.log"
-        timeout -s INT -k 10 60 compute-sanitizer --tool memcheck \
+        timeout -s INT -k 10 45 compute-sanitizer --tool memcheck \
             --error-exitcode 99 $PY -m pytest --device cuda -q -rfE -x \
             -p no:cacheprovider tests/test_conv_inputs.py \
             -k 'triton and not device_assert' 2>&1 | tail -60 >> "$OUT/tests-cuda.log"
         echo "exit status: ${PIPESTATUS[0]} (99: memcheck found errors)" \
             >> "$OUT/tests-cuda.log"
     fi
-    # Where a small graph's step goes (host or GPU), and the dense module's.
+    # Where a Cora-size step goes (host or GPU), and the dense module's.
     for variant in metric-triton GATConv mha-metric; do
-        timeout -s INT -k 5 40 $PY -m benchmarks.host_profile \
+        timeout -s INT -k 5 30 $PY -m benchmarks.host_profile \
             --variant "$variant" --device "$DEVICE" 2>&1
     done > "$OUT/profile.log"
     # The host time of the Cora-size step's way into the kernels (launches
     # stubbed): through the custom operators against the eager default.
-    timeout -s INT -k 5 40 $PY -m benchmarks.host_dispatch --device "$DEVICE" \
+    timeout -s INT -k 5 30 $PY -m benchmarks.host_dispatch --device "$DEVICE" \
         --nodes 2708 --edges 10556 >> "$OUT/profile.log" 2>&1
+    # The whole training step recorded once with torch.cuda.graphs and
+    # replayed (the compiled way is the table's *-compiled cells).
+    echo "=== examples/fixed_graph_training.py --capture cuda-graph" \
+        >> "$OUT/profile.log"
+    timeout -s INT -k 5 40 $PY examples/fixed_graph_training.py --device \
+        "$DEVICE" --capture cuda-graph --steps 50 >> "$OUT/profile.log" 2>&1
+    echo "exit status: $?" >> "$OUT/profile.log"
     # A human_seg training step with the former's keys sampled in every
     # forward pass against read from the meshes' farthest-point ranks (the
     # meshes alone, prepared here first; 75 s at most).
@@ -185,10 +211,17 @@ lease)
     left=$((lease_s - SECONDS - 30))
     seconds=$((left < ${HUMAN_SEG_S:-0} ? left : ${HUMAN_SEG_S:-0}))
     [ "$seconds" -ge 60 ] && human_seg "$seconds" -o num_workers=8 > /dev/null
-    bench "$((lease_s - SECONDS - 20))" --only sdpa-kernels dense small \
-        100k/2M --variants GATConv metric-triton metric-fused GATConv-compiled \
-        metric-triton-compiled sdpa-dot metric-sdpa metric-sdpa-fast mha-dot \
-        mha-metric mha-metric-fast "$@"
+    bench "$((lease_s - SECONDS - 20))" "${TABLE[@]}" "$@"
+    ;;
+table)
+    # The rest of issue 60's table (resumed), in TABLE_S seconds (520).
+    environment > "$OUT/env.txt" 2>&1
+    bench "${TABLE_S:-520}" "${TABLE[@]}" "$@"
+    ;;
+plan)
+    # The table's jobs, their estimates and the suite's budget: no GPU.
+    $PY -m benchmarks.run --suite gpu --device "$DEVICE" --dry-run \
+        "${TABLE[@]}" "$@"
     ;;
 tests)
     environment 2>&1 | tee "$OUT/env.txt"
@@ -219,7 +252,7 @@ bench)
     bench 520 "$@"
     ;;
 *)
-    echo "usage: $0 lease|tests|bench [suite options]|human_seg [train options]" >&2
+    echo "usage: $0 lease|table|plan|tests|bench [suite options]|human_seg [train options]" >&2
     exit 2
     ;;
 esac

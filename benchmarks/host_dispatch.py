@@ -20,7 +20,11 @@ process (median step of each round, milliseconds):
 The difference is host time that a GPU step pays too; on a GPU it matters
 where a step is bound by the host (small graphs, BENCHMARKS.md). On a CPU the
 layer needs ``TRITON_INTERPRET=1``, set here before triton is imported; no
-kernel runs, so the interpreter costs nothing.
+kernel runs, so the interpreter costs nothing. The stubbed kernels leave
+their outputs as allocated, so on a CPU the layer's own ops then compute on
+whatever those hold, denormal floats included, which x86 computes with
+slowly: denormals are flushed to zero while the steps run (on a CPU the
+layer's dense ops are real work, on a GPU they are launches).
 """
 from __future__ import annotations
 
@@ -77,6 +81,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
         conv(x, edge_index).sum().backward()
 
     results: dict[str, list[float]] = {way: [] for way in ways}
+    flushed = torch.set_flush_denormal(device.type == 'cpu')
     try:
         for _ in range(args.rounds):
             for way, call in ways.items():
@@ -94,6 +99,8 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     finally:
         triton_attention.run_attention = function.run_attention
         tables.update(real)
+        if flushed:
+            torch.set_flush_denormal(False)
     return results
 
 

@@ -26,14 +26,12 @@ import contextlib
 import fcntl
 import itertools
 import json
-import os
 import platform
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -54,6 +52,14 @@ from benchmarks.cases import (
 )
 from benchmarks.graphs import GRAPH_KINDS
 from benchmarks.measure import reads_out_of_memory
+from benchmarks.shared import (
+    ROOT,
+    add_shared_arguments,
+    format_cell,
+    machine,
+    result_key,
+    size_of,
+)
 from pyg_metric_attn.utils.io import atomic_write_json, atomic_write_text
 
 SUITES = {'sparse': (sparse_cases, SPARSE_BASELINE),
@@ -61,7 +67,6 @@ SUITES = {'sparse': (sparse_cases, SPARSE_BASELINE),
           'scale': (scale_cases, SCALE_BASELINE)}
 # Timed steps per cell: the scale suite's steps take minutes at 50M edges.
 REPEATS = {'sparse': 5, 'dense': 5, 'scale': 2}
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_one(case: dict[str, Any], mode: str, args: argparse.Namespace) -> dict:
@@ -105,10 +110,6 @@ def maybe_locked(path: str | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def result_key(case: dict[str, Any], mode: str) -> str:
-    return json.dumps([case, mode], sort_keys=True)
 
 
 def wait_for_memory(need_mib: float, wait_s: float) -> float:
@@ -210,23 +211,6 @@ def _label(case: dict[str, Any], mode: str) -> str:
     return f"{case['variant']} {sizes} {mode}"
 
 
-def format_cell(result: dict[str, Any] | None, baseline: dict[str, Any] | None,
-                key: str, scale: float, digits: int) -> str:
-    """``value (ratio to the baseline)``, the status of a failed run, ``-``
-    where the run did not measure ``key``."""
-    if result is None:
-        return ''
-    if result['status'] != 'ok':
-        return result['status']
-    if key not in result:
-        return '-'
-    text = f'{result[key] * scale:.{digits}f}'
-    if baseline is not None and baseline.get('status') == 'ok' and \
-            baseline.get(key, 0) > 0:
-        text += f' ({result[key] / baseline[key]:.2f}x)'
-    return text
-
-
 def markdown_table(results: list[dict[str, Any]], baseline: str,
                    key: str, scale: float, digits: int) -> str:
     """One row per (sizes, mode), one column per variant: ``value (ratio)``."""
@@ -285,16 +269,6 @@ def git_commit() -> str:
     return 'unknown'
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open('/proc/cpuinfo') as f:
-            cpu = next(line.split(':', 1)[1].strip() for line in f
-                       if line.startswith('model name'))
-    memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-    return f'{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB'
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description='Speed/memory benchmarks, one fresh process per case.')
@@ -308,13 +282,13 @@ def main(argv: list[str] | None = None) -> None:
                         default='all', help="'gpu': see benchmarks/gpu_cases.py "
                         "(its own options; not part of all); 'scale': see "
                         'benchmarks/scale.py (not part of all)')
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument('--quick', action='store_true',
-                      help='a small grid (sparse: 1k/10k nodes, degree 20, '
-                           '4 heads; dense: L in {256, 1024}; scale: 200k and '
-                           '2M edges)')
-    size.add_argument('--tiny', action='store_true',
-                      help='scale: toy graphs that run in seconds (tests)')
+    add_shared_arguments(
+        parser, device='cpu', timeout=900.0,
+        quick='a small grid (sparse: 1k/10k nodes, degree 20, 4 heads; '
+              'dense: L in {256, 1024}; scale: 200k and 2M edges)',
+        tiny='scale: toy graphs that run in seconds (tests)',
+        resume='keep the ok, OOM and timeout results in OUT/SUITE.json and '
+               'run only the rest')
     parser.add_argument('--lengths', type=int, nargs='+', default=None,
                         help='dense: only these sequence lengths')
     parser.add_argument('--edges', type=int, nargs='+', default=None,
@@ -322,16 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--graphs', nargs='+', default=None,
                         choices=GRAPH_KINDS,
                         help='scale: only these kinds of graph')
-    parser.add_argument('--variants', nargs='+', default=None,
-                        help='only these variants (and the baseline)')
-    parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks' / 'results')
     parser.add_argument('--threads', type=int, default=2)
-    parser.add_argument('--device', default='cpu')
     parser.add_argument('--repeats', type=int, default=None,
                         help='timed steps per cell after a warm-up (default: '
                              '5; scale: 2)')
-    parser.add_argument('--timeout', type=float, default=900.0,
-                        help='seconds per (case, mode) process')
     parser.add_argument('--memory-gib', type=float, default=14.0,
                         help='address-space cap per process (CPU)')
     parser.add_argument('--skip-over-cap', type=float, default=3.0,
@@ -340,9 +308,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--memory-wait', type=float, default=1800.0,
                         help='scale: seconds to wait for the memory a cell is '
                              'predicted to need before skipping it')
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the ok, OOM and timeout results in '
-                             'OUT/SUITE.json and run only the rest')
     parser.add_argument('--remeasure', nargs='*', default=None,
                         metavar='VARIANT',
                         help='with --resume: measure the selected cells again '
@@ -351,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument('--lock', default=None,
                         help='flock this file around each group of cases')
     args = parser.parse_args(argv)
-    args.size = 'tiny' if args.tiny else 'quick' if args.quick else 'full'
+    args.size = size_of(args)
     suites = ['sparse', 'dense'] if args.suite == 'all' else [args.suite]
     if args.tiny and suites != ['scale']:
         parser.error('--tiny is a size of the scale suite only')

@@ -3,6 +3,10 @@ instead of crashes, and the ratio table (no timing is asserted)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+
+import pytest
 
 from benchmarks.cases import dense_attention
 from benchmarks.run import markdown_table, run_one
@@ -290,3 +294,45 @@ def test_global_keys_times_both_ways_on_the_same_steps(tmp_path):
     ops = result['ops_per_step']
     assert ops['ranks'] < ops['sampled'] - 100
     assert '| ranks |' in global_keys.report(result)
+
+
+def test_no_two_benchmark_modules_import_each_other():
+    """The suites share their helpers through benchmarks/shared.py: no
+    benchmark module imports one that imports it back (at any depth of
+    the code: a function's own import counts too)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / 'benchmarks'
+    imports = {}
+    for path in folder.glob('*.py'):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+                if node.module == 'benchmarks':
+                    names.update(f'benchmarks.{a.name}' for a in node.names)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        imports[f'benchmarks.{path.stem}'] = names
+    pairs = sorted((a, b) for a, names in imports.items() for b in names
+                   if a < b and a in imports.get(b, ()))
+    assert not pairs
+
+
+def test_both_suites_take_the_shared_options():
+    from benchmarks import gpu_cases, run
+    from benchmarks.shared import size_of
+
+    gpu = gpu_cases.parse_args(['--quick', '--variants', 'GATConv',
+                                '--resume', '--timeout', '7', '--device', 'cpu'])
+    assert (size_of(gpu), gpu.variants, gpu.resume, gpu.timeout, gpu.device) \
+        == ('quick', ['GATConv'], True, 7.0, 'cpu')
+    assert gpu_cases.parse_args([]).timeout == 300.0
+    # The CPU suites' parser is built in run.main: read it back from --help.
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+        run.main(['--help'])
+    for option in ('--quick', '--tiny', '--variants', '--resume', '--timeout',
+                   '--device', '--out'):
+        assert option in text.getvalue()

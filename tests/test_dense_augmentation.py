@@ -28,13 +28,20 @@ from pyg_metric_attn import MetricMultiheadAttention  # noqa: E402
 from pyg_metric_attn.nn import augmentation  # noqa: E402
 from pyg_metric_attn.nn.augmentation import (  # noqa: E402
     augmented_queries_and_keys,
+    checked_augmentation,
     function,
 )
 from pyg_metric_attn.nn.functional import (  # noqa: E402
     _key_norms,
     dense_metric_attention,
 )
-from pyg_metric_attn.nn.logits import centred  # noqa: E402
+from pyg_metric_attn.nn.logits import (  # noqa: E402
+    LOGIT_ROUNDING_TOLERANCE,
+    centred,
+    needs_exact,
+    rounding_error,
+    slice_time_scale,
+)
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 WIDTH = 8  # D = 5 plus the norm column, padded by 2
@@ -287,6 +294,64 @@ def test_the_exact_correction_through_the_op(monkeypatch):
         torch.testing.assert_close(o, e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize('masked', [False, True])
+def test_the_checked_decision_is_needs_exacts(masked):
+    """``checked_augmentation`` flags the softmaxes that
+    :func:`~pyg_metric_attn.nn.logits.needs_exact` flags for the centred
+    points (a per-head time scale): softmaxes scaled to rounding estimates
+    of 0.5, 0.9, 1.1 and 1.5 times the tolerance, one with an infinite key
+    and one with a NaN query (NaN rows do not count); it zeroes the flagged
+    softmaxes' q' and k' and leaves the others as the plain augmentation."""
+    query, key, attended = points(torch.float32)
+    attended = attended if masked else None
+    time_scale = torch.tensor([0.5, 1.0, 2.0], device=DEVICE,
+                              dtype=torch.float64).view(3, 1, 1)
+    slices = slice_time_scale(time_scale, query.device)
+
+    def estimate(query, key):
+        centred_query, centred_key = (t[..., :5] for t in
+                                      augmented_queries_and_keys(
+                                          query, key, attended, WIDTH))
+        return rounding_error(centred_query, centred_key, 'metric',
+                              time_scale, per_slice=True)
+    ratios = torch.tensor([[0.5, 0.9, 1.1], [1.5, 0.5, 0.5]], device=DEVICE,
+                          dtype=torch.float64)
+    scale = (ratios * LOGIT_ROUNDING_TOLERANCE
+             / estimate(query, key)).sqrt().float()[..., None, None]
+    query, key = query.detach() * scale, key.detach() * scale
+    key[1, 1, 7, 2] = float('inf')
+    query[1, 2, 4, 1] = float('nan')
+    plain = augmented_queries_and_keys(query, key, attended, WIDTH)
+    query_aug, key_aug, flags = checked_augmentation(query, key, attended, WIDTH,
+                                                     slices)
+    expected = needs_exact(plain[0][..., :5], plain[1][..., :5], 'metric',
+                           time_scale)
+    assert torch.equal(expected.cpu(), torch.tensor([[False, False, True],
+                                                     [True, True, False]]))
+    assert flags.dtype == torch.bool and torch.equal(flags, expected)
+    for out, clean in ((query_aug, plain[0]), (key_aug, plain[1])):
+        assert not out[flags].any()
+        torch.testing.assert_close(out[~flags], clean[~flags], rtol=0, atol=0,
+                                   equal_nan=True)
+
+
+def test_a_repeated_checked_step_decides_in_one_small_launch(fused):
+    """With ``precision='checked'`` a repeated step decides inside the
+    augmentation (one more launch, one program per softmax) and runs none
+    of the torch ops the decision took (norms, NaN filters, maxima,
+    comparisons, the zeroing ``where``)."""
+    query, key, attended = points(torch.float32)
+    value = torch.randn(2, 3, 33, WIDTH, device=DEVICE, requires_grad=True)
+    attention_step(query, key, value)
+    with OpCounter() as counter:
+        attention_step(query, key, value)
+    assert counter.launches['augment_decide'] == 1
+    decision = {'linalg_vector_norm', 'nan_to_num', 'amax', 'bitwise_not', 'le',
+                'abs', 'full'}
+    assert not decision & set(counter.ops)
+    assert counter.ops['where'] == 1  # the correction's own backward alone
+
+
 def test_jit_trace_records_the_operator(fused):
     """``torch.jit.trace`` records the augmentation as its custom operator
     (eagerly the kernels are entered without it, which a trace cannot
@@ -371,17 +436,19 @@ COMPILE_CHECK = textwrap.dedent("""
     count = 0
     for dtype, acc, mask in (('bf16', 'fp32', True), ('fp32', 'fp32', False),
                              ('fp64', 'fp64', True)):
-        constexprs = dict(HAS_MASK=mask, ROUND=dtype == 'bf16',
+        constexprs = dict(HAS_MASK=mask, CHECK=mask, ROUND=dtype == 'bf16',
                           ACC=tl.float64 if acc == 'fp64' else tl.float32,
                           BLOCK_L=64, BLOCK_D=64, BLOCK_W=128, BLOCK_S=32)
+        pointers = {'ATT': '*u8', 'FLAGS': '*u8', 'PART': '*' + acc,
+                    'NORMS': '*fp32', 'TS': '*fp64'}
+        floats = ('tiny', 'eps', 'error_scale', 'tolerance')
         for kernel in KERNELS.values():
             signature = {}
             for name, spec in inspect.signature(kernel.fn).parameters.items():
                 signature[name] = (
                     'constexpr' if 'constexpr' in str(spec.annotation)
-                    else '*' + dtype if name in points else '*u8' if name == 'ATT'
-                    else '*' + acc if name == 'PART'
-                    else 'fp32' if name in ('tiny', 'eps') else 'i32')
+                    else '*' + dtype if name in points else pointers.get(name)
+                    or ('fp32' if name in floats else 'i32'))
             compiled = triton.compile(ASTSource(
                 fn=kernel, signature=signature,
                 constexprs={name: value for name, value in constexprs.items()
@@ -394,8 +461,11 @@ COMPILE_CHECK = textwrap.dedent("""
 
 
 def test_kernels_compile_for_h100():
-    """Every kernel, in bfloat16 with a mask, float32 without and float64
-    with, compiles to an sm_90 cubin with the real compiler (no GPU needed:
-    ptxas ships with triton), not only in the interpreter."""
+    """Every kernel, in bfloat16 with a mask and the check, float32 without
+    either and float64 with both, compiles to an sm_90 cubin with the real
+    compiler (no GPU needed: ptxas ships with triton), not only in the
+    interpreter."""
     pytest.importorskip('triton.backends.compiler')
-    assert compile_for_gpu(COMPILE_CHECK).stdout.split()[-1] == '9'
+    from pyg_metric_attn.nn.augmentation.kernels import KERNELS
+    assert compile_for_gpu(COMPILE_CHECK).stdout.split()[-1] == str(
+        3 * len(KERNELS))

@@ -12,7 +12,7 @@ from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
 from pyg_metric_attn import MetricAttentionConv
 from pyg_metric_attn.nn import edge_attention
 from pyg_metric_attn.nn.sparse_attention import sparse_metric_attention
-from pyg_metric_attn.utils.csr import HeadBlockCSR, to_blocks
+from pyg_metric_attn.utils.csr import HeadBlockCSR
 from pyg_metric_attn.utils.point_sets import fully_connected_edge_index
 
 METRICS = ['metric', 'l2', 'dot']
@@ -163,21 +163,26 @@ def test_head_block_csr_layout():
     for h in range(H):
         dense[h].index_put_((edge_index[1], edge_index[0]), values[:, h],
                             accumulate=True)
-    eye_src = torch.eye(5, dtype=torch.double).repeat(H, 1)  # [H N_src, N_src]
-    eye_dst = torch.eye(4, dtype=torch.double).repeat(H, 1)
-    assert torch.allclose(graph.aggregate(blocks, eye_src), dense.flatten(0, 1))
+    eye_src = torch.eye(5, dtype=torch.double).expand(H, 5, 5)  # [H, N_src, N_src]
+    eye_dst = torch.eye(4, dtype=torch.double).expand(H, 4, 4)
+    assert torch.allclose(graph.aggregate(blocks, eye_src), dense)
     assert torch.allclose(graph.aggregate_transposed(blocks, eye_dst),
-                          dense.transpose(1, 2).flatten(0, 1))
-    a = torch.randn(H * 4, 2, dtype=torch.double, generator=g)
-    b = torch.randn(H * 5, 2, dtype=torch.double, generator=g)
-    products = a.view(H, 4, 2) @ b.view(H, 5, 2).transpose(1, 2)  # [H, 4, 5]
+                          dense.transpose(1, 2))
+    a = torch.randn(H, 4, 2, dtype=torch.double, generator=g)
+    b = torch.randn(H, 5, 2, dtype=torch.double, generator=g)
+    products = a @ b.transpose(1, 2)  # [H, 4, 5]
     expected = products[:, edge_index[1], edge_index[0]].t()  # [E, H]
     assert torch.allclose(graph.to_edges(graph.sampled_dot(a, b)), expected)
     rows = torch.randn(H * 4, dtype=torch.double, generator=g)
     assert torch.equal(graph.to_edges(graph.broadcast_rows(rows)),
                        rows.view(H, 4)[:, edge_index[1]].t())
+    # Node-major [N, H, K] tensors enter as strided [H, N, K] views, and an
+    # output can be written into one.
     node_values = torch.randn(5, H, 2, dtype=torch.double, generator=g)
-    assert torch.equal(to_blocks(node_values)[5:10], node_values[:, 1])
+    out = torch.empty(4, H, 2, dtype=torch.double)
+    graph.aggregate(blocks, node_values.transpose(0, 1), out.transpose(0, 1))
+    assert torch.allclose(out.transpose(0, 1),
+                          dense @ node_values.transpose(0, 1))
 
 
 def largest_allocation(fn) -> int:
@@ -296,3 +301,29 @@ def test_explicit_fused_under_dynamo_runs_eagerly():
     assert explanation.graph_break_count == 1  # around the sparse kernels
     compiled = torch.compile(conv, backend='eager')
     assert torch.allclose(compiled(x, edge_index), conv(x, edge_index), atol=1e-6)
+
+
+@pytest.mark.parametrize('metric', METRICS)
+def test_a_layer_keeps_no_copy_of_its_points_or_values(metric):
+    """What the fused path keeps for its backward, per layer: the logits'
+    key blocks b, and the query blocks a only where the ends differ ('dot':
+    a tied map's a is b scaled, written again in the backward); the
+    layer's own node-major values (read through strided views, no
+    head-major copy); the weights."""
+    g = torch.Generator().manual_seed(12)
+    edge_index = random_graph(9, 9, 0.4, g)
+    x = torch.randn(9, 6, generator=g, requires_grad=True)
+    conv = MetricAttentionConv(6, 4, heads=2, metric=metric, backend='fused')
+    out = conv(x, edge_index)
+    nodes, stack = {}, [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and type(node).__name__ not in nodes:
+            nodes[type(node).__name__] = node
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    kept = nodes['ExpandedLogitsBackward'].saved_tensors
+    assert [t.shape for t in kept] == [(2, 9, 4 + (metric != 'dot'))] * (
+        2 if metric == 'dot' else 1)
+    weights, value = nodes['SparseAggregateBackward'].saved_tensors
+    assert value.shape == (9, 2, 4) and value.is_contiguous()
+    assert weights.dim() == 1  # [H E]

@@ -4,6 +4,12 @@ asserted). The triton variant runs in Triton's interpreter (conftest.py)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +117,71 @@ def test_small_sizes_compile_at_cora_and_pubmed_size_only():
     assert gpu_cases.case_modes(case) == ('forward_backward',)
     assert gpu_cases.warmup_steps(case) == 3
     assert case['out_channels'] == 16  # 64 -> 4 heads x 16 (issue 26)
+
+
+SESSION = Path(__file__).resolve().parents[1] / 'benchmarks' / 'gpu_session.sh'
+
+
+def session_array(name: str) -> list[str]:
+    """A bash array of benchmarks/gpu_session.sh, as its words."""
+    text = re.search(rf'^{name}=\((.*?)\)$', SESSION.read_text(),
+                     re.MULTILINE | re.DOTALL).group(1)
+    return shlex.split(text)
+
+
+def run_session(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DEVICE='cpu', PYTHON=sys.executable,
+               OUT=str(tmp_path))
+    return subprocess.run(['bash', str(SESSION), *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+ISSUE_60_TABLE = {
+    'sparse small 2708/10556 float32': {'GATConv', 'metric-triton',
+                                        'GATConv-compiled',
+                                        'metric-triton-compiled'},
+    'sparse small 19717/88648 float32': {'GATConv', 'metric-triton',
+                                         'GATConv-compiled',
+                                         'metric-triton-compiled'},
+    **{f'sparse {graph} 100k/2M {dtype}': {'GATConv', 'metric-triton'}
+       for graph in ('uniform', 'power-law') for dtype in ('float32', 'bfloat16')},
+    **{f'dense-kernel L={length} bfloat16': {'sdpa-dot', 'metric-sdpa',
+                                             'metric-sdpa-fast'}
+       for length in (1024, 4096, 16384)},
+    **{f'dense-module L={length} bfloat16': {'mha-dot', 'mha-metric',
+                                             'mha-metric-fast'}
+       for length in (1024, 4096, 16384)},
+    'sdpa-kernels L=4096': {'profile'},
+}
+
+
+def test_the_session_table_is_issue_60s():
+    """The jobs and variants the session's lease and table calls measure:
+    every row of issue 60's table (the small graphs eager and compiled with
+    fullgraph, 100k / 2M in both dtypes and both degree laws, the dense
+    kernel and module at three lengths), nothing else."""
+    jobs = gpu_cases.jobs('full', gpu_cases.parse_args(session_array('TABLE')))
+    selected = {job['name']: {case['variant'] for case in job['cases']}
+                for job in jobs}
+    assert selected == ISSUE_60_TABLE
+    compiled = next(case for job in jobs for case in job['cases']
+                    if case['variant'] == 'metric-triton-compiled')
+    assert gpu_cases.case_modes(compiled) == ('forward_backward',)
+    assert 'fullgraph=True' in gpu_cases.compiled_forward.__doc__
+
+
+def test_the_session_plans_the_table_and_names_its_modes(tmp_path):
+    """``gpu_session.sh plan`` is the table's dry run (on a CPU too); an
+    unknown mode is a usage error; every device test file exists."""
+    done = run_session('plan', tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ISSUE_60_TABLE:
+        assert name in done.stdout
+    assert 'estimated in all' in done.stdout
+    wrong = run_session('nope', tmp_path=tmp_path)
+    assert wrong.returncode == 2 and 'lease|table|plan' in wrong.stderr
+    root = SESSION.parents[1]
+    assert all((root / path).is_file() for path in session_array('DEVICE_TESTS'))
 
 
 def test_power_law_graph_has_hubs_and_is_deterministic():
@@ -275,3 +346,18 @@ def test_the_host_profile_reports_a_step(capsys, device):
     out = capsys.readouterr().out
     assert 'median step:' in out and 'launches per step' in out
     assert 'host functions by own time' in out and 'Self CPU' in out
+
+
+def test_a_compiled_cell_prepares_its_graph_eagerly_first():
+    """The compiled cells call the layer once eagerly before compiling, as a
+    training loop on a fixed graph does, so the compiled step reads the
+    cached graph instead of building it in the graph (issue 60)."""
+    from pyg_metric_attn.utils import graph_cache
+    graph_cache.clear()
+    x = torch.randn(12, 8)
+    edge_index = torch.randint(0, 12, (2, 30))
+    layer = gpu_cases.sparse_layer('metric-triton', 8, 4, 2)
+    gpu_cases.compiled_forward(layer, x, edge_index)
+    kinds = {key[1][0] for key in graph_cache._entries
+             if key[0] == id(edge_index)}
+    assert 'triton_graph' in kinds

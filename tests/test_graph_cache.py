@@ -107,9 +107,11 @@ def test_capacity_bounds_the_cache():
 
 
 def test_fullgraph_compile_traces_past_the_cache():
-    """Under torch.compile the cache steps aside before it touches the
-    tensor (Dynamo stops at ``is_inference()``), so ``fullgraph=True``
-    compiles the whole layer, cached self-loops included (issue 26, §3)."""
+    """Under torch.compile the cache is only read (Dynamo can read neither
+    ``is_inference()`` nor a version counter), so ``fullgraph=True``
+    compiles the whole layer: with the cached self-loops as inputs for the
+    graph an eager call prepared, building them in the graph for another
+    (issue 26, §3; issue 60)."""
     edge_index, x = graph(3)
     conv = MetricAttentionConv(8, 4, heads=2)
     expected = conv(x, edge_index)  # the graph is cached eagerly

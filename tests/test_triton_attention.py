@@ -95,6 +95,21 @@ def reference(q, k, v, rowptr, col, metric, t, bias=None, keep_scale=None):
     return out, lse, w
 
 
+def hub_graph(num_dst=6, num_src=40):
+    """Row 2 a hub (every source twice: degree 80), source 0 a hub (every
+    row, several times), row 5 isolated: destination-sorted ``(rowptr,
+    col)``."""
+    rows = [torch.full((80,), 2), torch.tensor([0, 0, 1, 3, 3, 3, 4] * 3),
+            torch.tensor([0, 1, 1, 4])]
+    cols = [torch.arange(num_src).repeat(2), torch.zeros(21, dtype=torch.long),
+            torch.tensor([7, 3, 9, 11])]
+    dst, src = torch.cat(rows), torch.cat(cols)
+    order = torch.sort(dst, stable=True).indices
+    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
+    return rowptr.to(DEVICE), src[order].to(DEVICE)
+
+
 def leaves(*tensors, dtype=None):
     return [t.detach().to(dtype or t.dtype).requires_grad_() for t in tensors]
 
@@ -296,20 +311,9 @@ def test_hub_row_and_hub_source_are_split(monkeypatch, deterministic):
     monkeypatch.setattr(schedule, 'ROW_CHUNK', 8)
     gen = torch.Generator().manual_seed(8)
     num_dst, num_src = 6, 40
-    # row 2 is a hub (every source, twice: degree 80 = 10 chunks); source 0 is
-    # a hub too (every row, several times); row 5 is isolated.
-    rows = [torch.full((80,), 2), torch.tensor([0, 0, 1, 3, 3, 3, 4] * 3)]
-    cols = [torch.arange(num_src).repeat(2), torch.zeros(21, dtype=torch.long)]
-    rows.append(torch.tensor([0, 1, 1, 4]))
-    cols.append(torch.tensor([7, 3, 9, 11]))
-    dst, src = torch.cat(rows), torch.cat(cols)
-    order = torch.sort(dst, stable=True).indices
-    dst, col = dst[order], src[order]
-    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
-    rowptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
-    colptr = torch.zeros(num_src + 1, dtype=torch.long)
+    rowptr, col = hub_graph(num_dst, num_src)
+    colptr = torch.zeros(num_src + 1, dtype=torch.long, device=DEVICE)
     colptr[1:] = torch.bincount(col, minlength=num_src).cumsum(0)
-    rowptr, colptr, col = rowptr.to(DEVICE), colptr.to(DEVICE), col.to(DEVICE)
     rows = schedule.segment_schedule(rowptr, col.numel(), 8)
     assert (rows.items[0] == 2).sum() == 10 and 2 in rows.split[0]
     cols = schedule.segment_schedule(colptr, col.numel(), 8)
@@ -449,8 +453,8 @@ COMPILE_CHECK = textwrap.dedent("""
     from pyg_metric_attn.nn.triton.kernels import KERNELS
 
     index = {'COL', 'SCHED', 'SPLIT', 'ROW', 'CSC_ROW', 'CSC_EDGE', 'SEED'}
-    fp32 = {'STATS', 'MEAN', 'DELTA', 'RANGE', 'ABSMAX', 'TS', 'PART_ML',
-            'PART_ACC', 'PART', 'PART_DQ', 'PART_DK', 'PART_DV', 'DT_PART'}
+    fp32 = {'STATS', 'MEAN', 'DELTA', 'GW_DELTA', 'TS', 'PART_ML', 'PART_ACC',
+            'PART', 'PART_DQ', 'PART_DK', 'PART_DV'}
     scalars = {'H': 'i32', 'D': 'i32', 'C': 'i32', 'W': 'i32', 'E': 'i64', 'n': 'i64',
                'n_items': 'i64', 'n_split': 'i64', 'p_drop': 'fp32',
                'drop_scale': 'fp32'}
@@ -472,6 +476,8 @@ COMPILE_CHECK = textwrap.dedent("""
                 elif param in fp32 or (name == 'backward_rows'
                                        and param in ('DK', 'DV')):
                     signature[param] = '*fp32'
+                elif param == 'DT_PART':
+                    signature[param] = '*fp64'
                 else:
                     signature[param] = '*' + sys.argv[2]
             compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
@@ -671,8 +677,151 @@ def test_repeated_step_never_syncs():
     assert not counter.ops['triton_attention']
     assert not counter.ops['triton_attention_backward']
     assert counter.ops['segment_reduce'] == 1  # inside the backward
-    assert counter.launches == {'finite_abs_max': 3, 'forward': 1, 'weights': 1,
-                                'backward_rows': 1, 'backward_columns': 1}
+    assert counter.launches == {'forward': 1, 'weights': 1, 'backward_rows': 1,
+                                'backward_columns': 1}
+
+
+@pytest.mark.parametrize('long_rows', [False, True])
+def test_launches_per_step(monkeypatch, long_rows):
+    """A repeated training step launches the forward kernel once and the two
+    backward passes once each, and merges split rows and columns only on a
+    graph that has them: preparing the graph trims its schedules to the
+    rows and columns in use (here, with chunks of 8 edges, the hub row and
+    the hub column); a float time scale costs no fill either."""
+    from benchmarks.op_count import OpCounter
+    monkeypatch.setattr(schedule, 'ROW_CHUNK', 8)
+    gen = torch.Generator().manual_seed(21)
+    rowptr, col = hub_graph() if long_rows else messy_csr(6, 40, gen, p=0.05)
+    graph = ta.prepare_triton_graph(rowptr, col, 40)
+    degrees = rowptr.diff()
+    assert (graph.rows.n_split > 0) == long_rows
+    assert graph.rows.n_split == int((degrees > 8).sum())
+    assert graph.cols.n_split == int((torch.bincount(col, minlength=40) > 8).sum())
+    assert graph.rows.n_items == int(((degrees + 7) // 8).clamp(min=1).sum())
+    q, k, v, _ = leaves(*inputs(6, 40, 2, 3, 4, col.numel(), gen))
+
+    def step():
+        out, _ = ta.triton_metric_attention(q, k, v, time_scale=0.8, graph=graph)
+        out.square().sum().backward()
+
+    step()
+    with OpCounter() as counter:
+        step()
+    merges = (dict(combine_forward=1, segment_sum=3) if long_rows else {})
+    assert counter.launches == dict(forward=1, backward_rows=1,
+                                    backward_columns=1, **merges)
+    assert not counter.ops['fill'] and not counter.ops['full']
+
+
+def test_rows_and_chunks_in_their_own_units(monkeypatch):
+    """Keys near 1e20 beside ordinary ones: a row that meets them runs in its
+    own powers of two, the others in none, and the chunks of the split hub
+    row, in different units, merge in the largest; outputs, lse and weights
+    match float64, every gradient is finite and the value gradient exact."""
+    monkeypatch.setattr(function, 'BLOCK_E', 4)
+    monkeypatch.setattr(schedule, 'ROW_CHUNK', 8)
+    gen = torch.Generator().manual_seed(22)
+    rowptr, col = hub_graph()
+    q, k, v, b = inputs(6, 40, 2, 3, 4, col.numel(), gen)
+    k[30:] *= 1e20  # the hub row's last chunks, and rows 0, 1, 3, 4 not
+    for metric in METRICS:
+        q1, k1, v1, b1 = leaves(q, k, v, b)
+        out, lse, w = ta.metric_attention_lse(q1, k1, v1, rowptr, col, metric, 0.5,
+                                              b1, need_weights=True)
+        q2, k2, v2, b2 = leaves(q, k, v, b, dtype=torch.float64)
+        out2, lse2, w2 = reference(q2, k2, v2, rowptr, col, metric, 0.5, b2)
+        assert_close(out, out2, 1e-5, f'{metric} out')
+        assert_close(w, w2, 1e-5, f'{metric} weights')
+        assert_close(lse, lse2.float(), 1e-5, f'{metric} lse')
+        g_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(DEVICE)
+        grads = torch.autograd.grad((out.double() * g_out).sum(), (q1, k1, v1, b1))
+        assert all(g.isfinite().all() for g in grads)
+        grad_v, = torch.autograd.grad((out2 * g_out).sum(), (v2,))
+        assert_close(grads[2], grad_v, 1e-5, f'{metric} grad value')
+
+
+class _FakeCompiled:
+    """What a GPU's first launch returns: a compiled kernel, entered by
+    ``[grid](*every argument in signature order)``."""
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append(('compiled', grid, args))
+
+
+class _FakeJit:
+    def __init__(self):
+        self.arg_names = ['X', 'n', 'LAST', 'FIRST']
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def run(*args, **constants):
+            self.calls.append(('jit', grid, args, constants))
+            return _FakeCompiled(self.calls)
+        return run
+
+
+def test_a_repeated_launch_enters_the_compiled_kernel(monkeypatch):
+    """A launch keeps the compiled kernel of its first run and enters it
+    with every argument, the constants in signature order; a tensor of
+    another alignment goes through Triton again (its specialisation
+    differs). Kernels that are no JITFunction are launched as before."""
+    fake = _FakeJit()
+    monkeypatch.setitem(function.kernels(), 'fake', fake)
+    monkeypatch.setattr(function, '_is_jit_function', lambda k: k is fake)
+    launch = function.Launch('fake', (5, 2), FIRST=1, LAST=True, num_warps=4)
+    x = torch.zeros(8)
+    launch(x, 3)
+    launch(x, 3)
+    launch(x[1:], 3)  # 4 bytes off: not 16-byte aligned
+    launch(x[1:], 3)
+    assert [call[0] for call in fake.calls] == ['jit', 'compiled', 'jit', 'compiled']
+    assert fake.calls[0][1:] == ((5, 2, 1), (x, 3), dict(FIRST=1, LAST=True,
+                                                         num_warps=4))
+    assert fake.calls[1] == ('compiled', (5, 2, 1), (x, 3, True, 1))
+
+
+def test_inputs_of_another_alignment_give_the_same_result():
+    """Repeated launches on one prepared graph, with inputs that lie 4 bytes
+    off a 16-byte boundary between aligned ones: bitwise the same outputs
+    and gradients (on a GPU the compiled kernel of each alignment is kept
+    and entered directly: :class:`function.Launch`)."""
+    gen = torch.Generator().manual_seed(25)
+    rowptr, col = messy_csr(7, 6, gen, p=0.5)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+    q, k, v, b = inputs(7, 6, 2, 3, 4, col.numel(), gen)
+    results = []
+    for offset in (0, 1, 0, 1):
+        shifted = []
+        for x in (q, k, v, b):
+            buffer = torch.empty(x.numel() + offset, device=DEVICE, dtype=x.dtype)
+            shifted.append(buffer[offset:].view_as(x).copy_(x).requires_grad_())
+        out, _ = ta.triton_metric_attention(*shifted[:3], edge_bias=shifted[3],
+                                            graph=graph)
+        results.append((out,) + torch.autograd.grad(out.square().sum(), shifted))
+    for other in results[1:]:
+        assert all(torch.equal(a, b_) for a, b_ in zip(results[0], other,
+                                                      strict=True))
+
+
+def test_plans_are_made_once_per_graph_and_dtype(monkeypatch):
+    """A repeated step on a prepared graph reuses the forward and backward
+    plans made by the first; another dtype gets its own."""
+    made = []
+    for plan in (function.ForwardPlan, function.BackwardPlan):
+        make = plan.of
+        monkeypatch.setattr(plan, 'of', staticmethod(
+            lambda *args, make=make, name=plan.__name__, **kwargs:
+            made.append(name) or make(*args, **kwargs)))
+    gen = torch.Generator().manual_seed(23)
+    rowptr, col = messy_csr(7, 6, gen, p=0.5)
+    graph = ta.prepare_triton_graph(rowptr, col, 6)
+    for dtype in (torch.float32, torch.float32, torch.bfloat16):
+        q, k, v, _ = leaves(*inputs(7, 6, 2, 3, 4, col.numel(), gen), dtype=dtype)
+        out, _ = ta.triton_metric_attention(q, k, v, graph=graph)
+        out.float().sum().backward()
+    assert made == ['ForwardPlan', 'BackwardPlan'] * 2
 
 
 def test_layer_takes_edge_index_in_every_sort_order():
@@ -715,3 +864,52 @@ def test_layer_compiles_to_one_graph():
                                                     list(conv.parameters())))
     for eager, traced in zip(*results, strict=True):
         torch.testing.assert_close(traced, eager, rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_training_step_reads_the_graph_from_the_cache():
+    """A full-batch training loop under ``torch.compile(fullgraph=True)`` (as
+    with ``mode='reduce-overhead'`` on a GPU) once an eager step has
+    prepared the graph: one graph, not compiled again at the next step,
+    holding the layer's maps and the custom operator but none of the
+    graph's construction (no ``nonzero``, sort, ``searchsorted``,
+    ``cumsum``): the cached structures enter as inputs, marked static for
+    CUDA graphs. Output and gradients equal eager's."""
+    import torch._dynamo
+
+    from pyg_metric_attn import MetricAttentionConv
+    from pyg_metric_attn.nn.edge_attention import LayerGraph
+    from pyg_metric_attn.utils import graph_cache
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(8, 5, generator=g).to(DEVICE)
+    edge_index = torch.randint(0, 8, (2, 20), generator=g).to(DEVICE)
+    torch.manual_seed(0)
+    conv = MetricAttentionConv(5, 3, heads=2, learn_time_scale=True,
+                               backend='triton').to(DEVICE)
+    graph_cache.clear()
+    expected = conv(x, edge_index)  # the eager step prepares the graph
+    expected_grads = torch.autograd.grad(expected.square().sum(),
+                                         list(conv.parameters()))
+    graphs = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return torch._dynamo.lookup_backend('aot_eager')(graph_module,
+                                                         example_inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True, backend=recording)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            out = compiled(x, edge_index)
+            grads = torch.autograd.grad(out.square().sum(),
+                                        list(conv.parameters()))
+    assert len(graphs) == 1
+    targets = ' '.join(str(node.target) for node in graphs[0].graph.nodes)
+    assert 'pyg_metric_attn.triton_attention' in targets
+    for construction in ('nonzero', 'sort', 'searchsorted', 'cumsum'):
+        assert construction not in targets
+    perm, prepared = LayerGraph(edge_index, 8, 8, True).triton_graph()  # cached
+    assert all(getattr(t, '_dynamo_static_input_type', None)
+               for t in (perm, *prepared.tensors()))
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad)

@@ -40,12 +40,7 @@ from pyg_metric_attn.nn.triton import (
     triton_metric_attention,
 )
 from pyg_metric_attn.utils.checks import check_edge_index
-from pyg_metric_attn.utils.csr import (
-    HeadBlockCSR,
-    from_blocks,
-    sort_by_segment,
-    to_blocks,
-)
+from pyg_metric_attn.utils.csr import HeadBlockCSR, sort_by_segment
 from pyg_metric_attn.utils.graph_cache import cached
 
 T = TypeVar('T')
@@ -171,9 +166,10 @@ class LayerGraph:
         def build() -> tuple[Tensor, Tensor]:
             edge_index = self.source.long()
             kept = (edge_index[0] != edge_index[1]).nonzero().view(-1)
-            return add_self_loops(edge_index.index_select(1, kept),
-                                  num_nodes=min(self.num_src, self.num_dst)
-                                  )[0], kept
+            return static(add_self_loops(edge_index.index_select(1, kept),
+                                         num_nodes=min(self.num_src,
+                                                       self.num_dst))[0],
+                          kept)
         if self._with_loops is None:
             self._with_loops = self._cached('self_loops', build)
         return self._with_loops
@@ -192,9 +188,22 @@ class LayerGraph:
         def build() -> tuple[Tensor, TritonGraph]:
             edge_index = self.edge_index
             perm, ptr = sort_by_segment(edge_index[1], self.num_dst)
-            return perm, prepare_triton_graph(
+            prepared = prepare_triton_graph(
                 ptr, edge_index[0].index_select(0, perm), self.num_src)
+            static(*prepared.tensors())
+            return static(perm)[0], prepared
         return self._cached('triton_graph', build)
+
+
+def static(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors``, marked (outside :func:`torch.compile`) as static inputs
+    of a compiled graph: cached structures that CUDA graphs
+    (``mode='reduce-overhead'``) read in place instead of copying them in at
+    every replay (:mod:`~pyg_metric_attn.utils.graph_cache`)."""
+    if not torch.compiler.is_compiling():
+        for tensor in tensors:
+            torch._dynamo.mark_static_address(tensor)
+    return tensors
 
 
 def mean_over_edges(out: Tensor, ptr: Tensor) -> Tensor:
@@ -254,8 +263,7 @@ def fused_attention(graph: LayerGraph, query: Tensor, key: Tensor,
             edge_index[0], graph.num_dst, graph.num_src, edge_graph,
             sinkhorn_iterations)
         out = SparseAggregate.apply(csr, csr.from_edges(alpha),
-                                    to_blocks(value.to(alpha.dtype)))
-        out = from_blocks(out, csr.heads)
+                                    value.to(alpha.dtype))
         weights = alpha.to(key.dtype) if need_weights else None
     out = out.to(value.dtype)
     return (mean_over_edges(out, csr.ptr) if mean else out), weights

@@ -28,10 +28,11 @@ value width pads nothing and runs the kernel of the value width: on an H100
 kernel) cost 1.7-3.3x SDPA-dot fwd+bwd at L = 16384-1024, a metric width of
 63 1.09-1.89x. :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
 therefore defaults to it. The augmentation (centring, norm, concatenation)
-runs in Triton on CUDA (two launches forward, one backward; one custom
-operator to :func:`torch.compile`: :mod:`~pyg_metric_attn.nn.augmentation`)
-and as plain tensor ops on CPU. ``'dot'`` is plain SDPA with
-``scale = 1/(sqrt(D) t)``.
+runs in Triton on CUDA (two launches forward, one backward, and with
+``precision='checked'`` one more, small, forward launch that makes the
+exact correction's decision; one custom operator to :func:`torch.compile`:
+:mod:`~pyg_metric_attn.nn.augmentation`) and as plain tensor ops on CPU.
+``'dot'`` is plain SDPA with ``scale = 1/(sqrt(D) t)``.
 
 Precision. Queries and keys are centred on the mean of the keys of their own
 softmax (each batch element and head, counting only keys that some query
@@ -39,10 +40,11 @@ may attend to and that are finite); keys no query may attend to are
 zeroed. Whether the expanded form is then accurate enough, and what runs
 where it is not, is the policy ``precision`` of
 :mod:`~pyg_metric_attn.nn.logits`: ``'checked'`` (decided per softmax on the
-device; the fused path, then
+device, on CUDA inside the augmentation; the fused path, then
 :func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where` makes the
-flagged softmaxes exact) or ``'fast'`` (no check, no correction). Neither
-synchronises, and both compile as one graph under :func:`torch.compile`.
+flagged softmaxes exact, from the points as given) or ``'fast'`` (no
+check, no correction). Neither synchronises, and both compile as one
+graph under :func:`torch.compile`.
 
 Denormals. The very negative distance logits make the softmax produce
 denormal floats, which are slow on x86 CPUs, so on CPU every SDPA call (and
@@ -59,6 +61,7 @@ from torch import Tensor
 
 from pyg_metric_attn.nn.augmentation import (
     augmented_queries_and_keys,
+    checked_augmentation,
     runs_fused,
 )
 from pyg_metric_attn.nn.exact_attention import exact_attention_where
@@ -129,31 +132,56 @@ def dense_metric_attention(
     check_metric(metric)
     check_normalization(normalization, sinkhorn_iterations)
     check_precision(precision)
-    augmented = None
-    if metric != 'dot':
-        query, key, augmented = _centred_points(query, key, value,
-                                                _attended_keys(attn_mask))
     checked = precision == 'checked'
-    if need_weights or normalization != 'row':
+    explicit = need_weights or normalization != 'row'
+    attended = _attended_keys(attn_mask)
+    if metric != 'dot' and not explicit and runs_fused(query, key):
+        return _augmented_attention(query, key, value, metric, time_scale,
+                                    attn_mask, attended, is_causal, dropout_p,
+                                    checked), None
+    if metric != 'dot':
+        query, key = _centred_points(query, key, value, attended)
+    if explicit:
         out, weights = _explicit_attention(query, key, value, metric, time_scale,
                                            attn_mask, is_causal, dropout_p, checked,
                                            normalization, sinkhorn_iterations)
         return out, weights if need_weights else None
     exact = needs_exact(query, key, metric, time_scale) if checked else None
-    if augmented is not None:  # written by the fused augmentation
-        out = _augmented_sdpa(query, key, value, time_scale, attn_mask,
-                              is_causal, dropout_p,
-                              _fused_points(exact, *augmented, value, time_scale))
-    else:
-        out = _fused_attention(*_fused_points(exact, query, key, value,
-                                              time_scale),
-                               value, metric, time_scale, attn_mask, is_causal,
-                               dropout_p)
+    out = _fused_attention(*_fused_points(exact, query, key, value, time_scale),
+                           value, metric, time_scale, attn_mask, is_causal,
+                           dropout_p)
     if exact is not None:
         out = exact_attention_where(
             exact, query, key, value, slice_time_scale(time_scale, query.device),
             attn_mask, is_causal, dropout_p, out, metric)
     return out, None
+
+
+def _augmented_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,
+                         time_scale: float | Tensor, attn_mask: Tensor | None,
+                         attended: Tensor | None, is_causal: bool,
+                         dropout_p: float, checked: bool) -> Tensor:
+    """The distance metrics' row softmax where the augmentation runs fused
+    (:func:`~pyg_metric_attn.nn.augmentation.runs_fused`): one operator
+    centres and augments the points and, ``checked``, decides which
+    softmaxes need the exact correction (zeroing their augmented points for
+    the fused attention); the correction reads the points as given (exact
+    float64 differences need no centring), with the keys no query may
+    attend to zeroed as the augmentation zeroes them."""
+    width = _augmented_width(query, value)
+    if not checked:
+        return _augmented_sdpa(query, key, value, time_scale, attn_mask, is_causal,
+                               dropout_p, augmented_queries_and_keys(
+                                   query, key, attended, width))
+    slices = slice_time_scale(time_scale, query.device)
+    query_aug, key_aug, exact = checked_augmentation(query, key, attended, width,
+                                                     slices)
+    out = _augmented_sdpa(query, key, value, time_scale, attn_mask, is_causal,
+                          dropout_p, (query_aug, key_aug))
+    if attended is not None:
+        key = torch.where(attended, key, 0)
+    return exact_attention_where(exact, query, key, value, slices, attn_mask,
+                                 is_causal, dropout_p, out, metric)
 
 
 def _fused_attention(query: Tensor, key: Tensor, value: Tensor, metric: str,
@@ -199,22 +227,20 @@ def _attended_keys(attn_mask: Tensor | None) -> Tensor | None:
 
 
 def _centred_points(query: Tensor, key: Tensor, value: Tensor,
-                    attended: Tensor | None
-                    ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+                    attended: Tensor | None) -> tuple[Tensor, Tensor]:
     """Queries and keys centred (:func:`centred`; keys no query may attend
-    to zeroed) and, where the augmentation runs fused
-    (:func:`~pyg_metric_attn.nn.augmentation.runs_fused`), the augmented
-    ``(q', k')`` it wrote, whose first ``D`` columns are the centred points
-    (else None)."""
+    to zeroed): where the augmentation runs fused
+    (:func:`~pyg_metric_attn.nn.augmentation.runs_fused`) the first ``D``
+    columns of the augmented points it writes, else by torch ops."""
     if runs_fused(query, key):
-        augmented = augmented_queries_and_keys(query, key, attended,
-                                               _augmented_width(query, value))
+        query_aug, key_aug = augmented_queries_and_keys(
+            query, key, attended, _augmented_width(query, value))
         dim = query.size(-1)
-        return augmented[0][..., :dim], augmented[1][..., :dim], augmented
+        return query_aug[..., :dim], key_aug[..., :dim]
     query, key = centred(query, key, mask=attended)
     if attended is not None:
         key = torch.where(attended, key, 0)
-    return query, key, None
+    return query, key
 
 
 def _needs_augmented_form(query: Tensor, key: Tensor, value: Tensor,

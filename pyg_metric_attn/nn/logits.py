@@ -35,9 +35,13 @@ on the device; the policy ``precision`` decides what happens above
 
 * ``'checked'`` (the default), dense path: :func:`needs_exact` makes the
   decision per softmax (batch element and head) as a boolean tensor on the
-  device. The fused expanded form always runs (with the flagged softmaxes'
-  points zeroed when a gradient is needed, so that its backward stays
-  finite), then :func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where`
+  device; where the augmentation runs fused (on a GPU,
+  :func:`~pyg_metric_attn.nn.augmentation.checked_augmentation`) the same
+  decision is one more small launch inside the augmentation operator
+  instead of a score of torch ops. The fused expanded form always runs
+  (with the flagged softmaxes' points zeroed, so that it and its backward
+  stay finite), then
+  :func:`~pyg_metric_attn.nn.exact_attention.exact_attention_where`
   replaces the flagged softmaxes by attention computed in float64 from the
   direct differences, and their gradients likewise; one bad softmax costs
   the others nothing. Nothing is read back to the host, and
@@ -52,15 +56,22 @@ on the device; the policy ``precision`` decides what happens above
   takes its exact path.
 * ``'fast'`` (dense path only): no estimate and no correction: the centred
   expanded form alone, and the explicit paths in float32. It saves the
-  estimate, the zeroing and the correction operator (on CPU a repeated
-  training step of :class:`~pyg_metric_attn.nn.MetricMultiheadAttention`
-  dispatches 150 instead of 194 aten ops, an inference call 64 instead of
-  88: each a kernel launch on a GPU unless compiled; on a GPU the
-  correction's programs also each load a flag and exit). Its results match
-  the checked ones wherever the estimate is within the tolerance (e.g.
-  unit-scale embeddings at :math:`t \ge 1`); beyond it the logits carry the
-  rounding above, and points that overflow the expanded form give
-  non-finite outputs within their own softmax.
+  decision and the correction operator, which is most of what
+  ``'checked'`` costs where the step is bound by the host (short
+  sequences on a GPU): a repeated training step of
+  :class:`~pyg_metric_attn.nn.MetricMultiheadAttention` (embedding 32, 4
+  heads, 16 tokens; counted on CPU with the augmentation routed through
+  its kernels, as on a GPU) dispatches 114 aten ops and 3 augmentation
+  launches with ``'fast'`` against 147 ops and 4 launches with
+  ``'checked'`` (168 and 3 before the decision moved into the
+  augmentation), an inference call 39 ops and 2 launches against 56 and 3;
+  each aten op is a kernel launch on a GPU unless compiled, and on a GPU
+  the correction adds its three Triton launches (one forward, two
+  backward), whose programs load their softmax's flag and exit where it is
+  not set. Its results match the checked ones wherever the estimate is
+  within the tolerance (e.g. unit-scale embeddings at :math:`t \ge 1`);
+  beyond it the logits carry the rounding above, and points that overflow
+  the expanded form give non-finite outputs within their own softmax.
 """
 from __future__ import annotations
 
@@ -70,6 +81,7 @@ import torch
 from torch import Tensor
 
 from pyg_metric_attn.nn.pseudo_metric import check_metric
+from pyg_metric_attn.utils.constants import device_constant
 
 # The largest estimated rounding error of a fused (expanded-form) logit that
 # the 'checked' policy accepts; above it the exact path runs.
@@ -162,13 +174,23 @@ def rounding_error(query: Tensor, key: Tensor, metric: str,
     key_norm = _largest_norm(key, per_slice)
     query_norm = key_norm if query is key else _largest_norm(query, per_slice)
     if metric == 'dot':
-        error = query_norm * key_norm
+        error = rounding * query_norm * key_norm
     else:
-        error = math.sqrt(query.size(-1)) * (query_norm + key_norm).square()
+        error = (rounding_error_scale(query.dtype, query.size(-1))
+                 * (query_norm + key_norm).square())
     if per_slice:
         time_scale = slice_time_scale(time_scale, error.device)
     time_scale = torch.as_tensor(time_scale).detach().to(error.device).double()
-    return rounding * error / time_scale.abs()
+    return error / time_scale.abs()
+
+
+def rounding_error_scale(dtype: torch.dtype, dim: int) -> float:
+    r"""The factor :math:`u \sqrt{D}` of the distance logits' rounding
+    estimate (:func:`rounding_error`) for points of ``dtype`` and width
+    ``dim``: half the machine epsilon of float32 (or float64) times
+    :math:`\sqrt{D}`."""
+    return (torch.finfo(torch.promote_types(dtype, torch.float32)).eps / 2
+            * math.sqrt(dim))
 
 
 def needs_exact(query: Tensor, key: Tensor, metric: str,
@@ -189,9 +211,8 @@ def slice_time_scale(time_scale: float | Tensor,
     (broadcastable to the leading indices of the points; differentiable):
     a float or a one-element tensor as a scalar, a ``[..., 1, 1]`` tensor
     without its last two dimensions; other shapes are an error."""
-    if not isinstance(time_scale, Tensor):
-        return torch.full((), float(time_scale), dtype=torch.float64,
-                          device=device)
+    if not isinstance(time_scale, Tensor):  # (made once per value)
+        return device_constant(float(time_scale), device, torch.float64)
     if time_scale.numel() == 1:
         return time_scale.double().reshape(())
     if time_scale.dim() >= 2 and time_scale.shape[-2:] == (1, 1):

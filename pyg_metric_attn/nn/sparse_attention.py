@@ -43,52 +43,156 @@ from pyg_metric_attn.nn.logits import (
     logit_scale,
 )
 from pyg_metric_attn.nn.pseudo_metric import check_metric
-from pyg_metric_attn.utils.csr import HeadBlockCSR, from_blocks, to_blocks
+from pyg_metric_attn.utils.csr import HeadBlockCSR
 
 
-class SampledDot(torch.autograd.Function):
-    r"""SDDMM :math:`s_e = \langle a_{\mathrm{row}(e)}, b_{\mathrm{col}(e)}
-    \rangle`; gradients :math:`A_g b` and :math:`A_g^\top a` (SpMMs)."""
+class ExpandedLogits(torch.autograd.Function):
+    r"""The expanded logits by one SDDMM, ``[H E]``: :math:`s_e = \langle
+    a_{\mathrm{dst}(e)}, b_{\mathrm{src}(e)} \rangle` with, for the distance
+    metrics, :math:`a_i = [c\, q_i, 1]`, :math:`b_j = [k_j, -\|k_j\|^2 / t]`
+    (:math:`c = 2/t`; with the row term also :math:`-\|q_i\|^2 / t` and
+    :math:`1`), and for ``'dot'`` :math:`a_i = c\, q_i`, :math:`b_j = k_j`
+    (:math:`c = 1 / (\sqrt{D} t)`), written head-major ``[H, N, W]`` straight
+    from the node-major ``[N, H, D]`` points. Only :math:`a` and :math:`b` are
+    kept (they hold the points; for one set of points on both ends, as a
+    tied map gives, only :math:`b`, from which the backward writes
+    :math:`a` again). Backward, with :math:`G_a = A_g b` and
+    :math:`G_b = A_g^\top a` (SpMMs): :math:`dq = c\, (G_a)_{:D}` (and
+    :math:`- 2 q / t\, (G_a)_{D+1}` with the row term), :math:`dk =
+    (G_b)_{:D} - 2 k / t\, (G_b)_D` and, every logit being :math:`1/t` times
+    something free of :math:`t`, :math:`dt = -\sum_e g_e s_e / t =
+    -\langle a, G_a \rangle / t` (no logit stored or recomputed)."""
     @staticmethod
-    def forward(ctx, graph: HeadBlockCSR, a: Tensor, b: Tensor) -> Tensor:
-        ctx.graph = graph
-        ctx.save_for_backward(a, b)
-        with torch.autocast(a.device.type, enabled=False):
-            return graph.sampled_dot(a, b)
+    def forward(ctx, graph: HeadBlockCSR, query: Tensor, key: Tensor,
+                metric: str, time_scale: float | Tensor,
+                row_term: bool) -> Tensor:
+        dim = query.size(-1)
+        extra = 0 if metric == 'dot' else 1 + row_term  # the norm columns
+        scale = logit_scale(metric, dim, time_scale)
+        with torch.autocast(query.device.type, enabled=False):
+            b = _blocks(key, extra)
+            if extra:
+                b[..., dim] = _norms(key, time_scale)
+            if extra == 2:
+                b[..., dim + 1] = 1
+            a = _query_blocks(b[..., :dim] if query is key
+                              else query.transpose(0, 1), extra, scale)
+            if extra == 2:
+                a[..., dim + 1] = _norms(query, time_scale)
+            logits = graph.sampled_dot(a, b)
+        ctx.graph, ctx.dim, ctx.extra, ctx.scale = graph, dim, extra, scale
+        ctx.tied = query is key and extra < 2  # a is b's points, scaled
+        learned = isinstance(time_scale, Tensor)
+        ctx.time_scale = None if learned else time_scale
+        ctx.save_for_backward(b, *(() if ctx.tied else (a,)),
+                              *((time_scale,) if learned else ()))
+        return logits
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[None, Tensor | None, Tensor | None]:
-        a, b = ctx.saved_tensors
+    def backward(ctx, grad: Tensor):
+        b, *saved = ctx.saved_tensors
+        graph, dim = ctx.graph, ctx.dim
+        a = (_query_blocks(b[..., :dim], ctx.extra, ctx.scale) if ctx.tied
+             else saved.pop(0))
+        t = saved[0] if saved else ctx.time_scale
         grad = grad.contiguous()
-        grad_a = grad_b = None
-        if ctx.needs_input_grad[1]:
-            grad_a = ctx.graph.aggregate(grad, b)
-        if ctx.needs_input_grad[2]:
-            grad_b = ctx.graph.aggregate_transposed(grad, a)
-        return None, grad_a, grad_b
+        grad_query = grad_key = grad_time = None
+        _, need_query, need_key, _, need_time, _ = ctx.needs_input_grad
+        if need_key:  # (G_b)_{:D} - 2 k / t (G_b)_D, written node-major
+            grad_b = graph.aggregate_transposed(grad, a)
+            grad_key = _node_major(grad_b[..., :dim])
+            if ctx.extra:  # the key term -|k|^2 / t
+                grad_key.transpose(0, 1).addcmul_(
+                    b[..., :dim], grad_b[..., dim:dim + 1] * (-2.0 / t))
+            del grad_b
+        if need_query or need_time:
+            grad_a = graph.aggregate(grad, b)
+            if need_time:
+                grad_time = -torch.dot(a.view(-1), grad_a.view(-1)) / t
+            if need_query and ctx.tied and grad_key is not None:
+                # One tensor at both ends: its gradient in one buffer.
+                _add_scaled(grad_key.transpose(0, 1), grad_a[..., :dim], ctx.scale)
+            elif need_query:
+                grad_query = _node_major(grad_a[..., :dim]).mul_(ctx.scale)
+                if ctx.extra == 2:  # the row term -|q|^2 / t
+                    grad_query.transpose(0, 1).addcmul_(
+                        a[..., :dim], grad_a[..., dim + 1:] * (-2.0 / (ctx.scale * t)))
+        return None, grad_query, grad_key, None, grad_time, None
+
+
+def _node_major(blocks: Tensor) -> Tensor:
+    """Head-major ``[H, N, D]`` values (any strides) copied into a new
+    contiguous node-major ``[N, H, D]`` tensor (a gradient the points' view
+    takes without another copy)."""
+    out = blocks.new_empty(blocks.size(1), blocks.size(0), blocks.size(2))
+    out.transpose(0, 1).copy_(blocks)
+    return out
+
+
+def _add_scaled(out: Tensor, values: Tensor, scale: float | Tensor) -> None:
+    """``out += scale values`` in place (a float or a 0-dim tensor scale)."""
+    if isinstance(scale, Tensor):
+        out.addcmul_(values, scale)
+    else:
+        out.add_(values, alpha=scale)
+
+
+def _blocks(points: Tensor, extra: int) -> Tensor:
+    """Node-major ``[N, H, D]`` points copied into the first ``D`` columns of
+    a new head-major ``[H, N, D + extra]`` tensor (the rest unset)."""
+    count, heads, dim = points.shape
+    blocks = points.new_empty(heads, count, dim + extra)
+    blocks[..., :dim].copy_(points.transpose(0, 1))
+    return blocks
+
+
+def _query_blocks(points: Tensor, extra: int, scale: float | Tensor) -> Tensor:
+    """:math:`a` of ``[H, N, D]`` points (any strides): a new head-major
+    ``[H, N, D + extra]`` tensor of the points times ``scale`` and, where
+    ``extra``, the column of ones (the row term's column unset)."""
+    heads, count, dim = points.shape
+    blocks = points.new_empty(heads, count, dim + extra)
+    torch.mul(points, scale, out=blocks[..., :dim])
+    if extra:
+        blocks[..., dim] = 1
+    return blocks
+
+
+def _norms(points: Tensor, time_scale: float | Tensor) -> Tensor:
+    r""":math:`-\|p\|^2 / t` of node-major ``[N, H, D]`` points, ``[H, N]``
+    (one batched product per point: no ``[N, H, D]`` temporary)."""
+    flat = points.reshape(-1, 1, points.size(-1))
+    squares = torch.bmm(flat, flat.transpose(1, 2)).view(points.shape[:2])
+    return squares.t() / -time_scale
 
 
 class SparseAggregate(torch.autograd.Function):
-    r"""SpMM :math:`\mathrm{out} = A_w V`; gradients :math:`\mathrm{SDDMM}_A(
-    g, V)` for the weights and :math:`A_w^\top g` for :math:`V`."""
+    r"""SpMM :math:`\mathrm{out} = A_w V` on node-major ``[N, H, C]`` values
+    (read and written a head at a time through strided views: no head-major
+    copy); gradients :math:`\mathrm{SDDMM}_A(g, V)` for the weights and
+    :math:`A_w^\top g` for :math:`V`."""
     @staticmethod
     def forward(ctx, graph: HeadBlockCSR, weights: Tensor, value: Tensor) -> Tensor:
         ctx.graph = graph
         ctx.save_for_backward(weights, value)
+        out = value.new_empty(graph.num_dst, *value.shape[1:])
         with torch.autocast(value.device.type, enabled=False):
-            return graph.aggregate(weights, value)
+            graph.aggregate(weights, value.transpose(0, 1), out.transpose(0, 1))
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor | None, Tensor | None]:
         weights, value = ctx.saved_tensors
-        grad = grad.contiguous()
         grad_weights = grad_value = None
         if ctx.needs_input_grad[1]:
-            grad_weights = ctx.graph.sampled_dot(grad, value)
+            grad_weights = ctx.graph.sampled_dot(grad.transpose(0, 1),
+                                                 value.transpose(0, 1))
         if ctx.needs_input_grad[2]:
-            grad_value = ctx.graph.aggregate_transposed(weights, grad)
+            grad_value = torch.empty_like(value)
+            ctx.graph.aggregate_transposed(weights, grad.transpose(0, 1),
+                                           grad_value.transpose(0, 1))
         return None, grad_weights, grad_value
 
 
@@ -99,9 +203,9 @@ class SegmentSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: HeadBlockCSR, logits: Tensor) -> Tensor:
         ctx.graph = graph
-        row_max = graph.row_reduce(logits, 'max')
-        alpha = (logits - graph.broadcast_rows(row_max)).exp_()
-        alpha = alpha.div_(graph.broadcast_rows(graph.row_reduce(alpha, 'sum')))
+        alpha = graph.rows_apply(torch.sub, logits, graph.row_reduce(logits, 'max'),
+                                 torch.empty_like(logits)).exp_()
+        graph.rows_apply(torch.div, alpha, graph.row_reduce(alpha, 'sum'), alpha)
         ctx.save_for_backward(alpha)
         return alpha
 
@@ -109,15 +213,14 @@ class SegmentSoftmax(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[None, Tensor]:
         alpha, = ctx.saved_tensors
-        row_dot = ctx.graph.row_reduce(alpha * grad, 'sum')
-        return None, alpha * (grad - ctx.graph.broadcast_rows(row_dot))
+        out = alpha * grad  # then alpha (grad - sum_row alpha grad), in place
+        return None, ctx.graph.rows_apply(_subtract_product, alpha,
+                                          ctx.graph.row_reduce(out, 'sum'), out)
 
 
+def _subtract_product(alpha: Tensor, row_value: Tensor, out: Tensor) -> Tensor:
+    return out.addcmul_(alpha, row_value, value=-1)
 
-def _scaled_query(query: Tensor, metric: str,
-                  time_scale: float | Tensor) -> Tensor:
-    """The query factor of the logit's bilinear term (see module docstring)."""
-    return query * logit_scale(metric, query.size(-1), time_scale)
 
 
 def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
@@ -153,35 +256,14 @@ def block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
         # (from the points before centring: centring rounded them)
         logits = _direct_block_logits(*points, graph, time_scale)
     else:
-        logits = _expanded_block_logits(query, key, graph, metric, time_scale,
-                                        row_term)
+        logits = ExpandedLogits.apply(graph, query, key, metric, time_scale,
+                                      row_term)
     if exact and row_term:  # whole logits may lie beyond float32's range
         return logits
     if exact:  # float64 logits may lie beyond float32's range
         row_max = graph.row_reduce(logits.detach(), 'max')
         logits = (logits - graph.broadcast_rows(row_max)).to(dtype)
     return logits
-
-
-def _expanded_block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
-                           metric: str, time_scale: float | Tensor,
-                           row_term: bool) -> Tensor:
-    """The expanded form by one SDDMM, ``[H E]`` (see :func:`block_logits`)."""
-    row_norms = (to_blocks(query).square().sum(-1, keepdim=True) / -time_scale
-                 if row_term and metric != 'dot' else None)  # [H N_dst, 1]
-    query = to_blocks(_scaled_query(query, metric, time_scale))
-    key = to_blocks(key)  # [H N_src, D]
-    if metric != 'dot':
-        # The norm terms ride in the SDDMM as extra columns:
-        # <[Q_i, 1], [K_j, -|K_j|^2 / t]>, and with the row term also
-        # <[.., -|q_i|^2 / t], [.., 1]>.
-        query_columns = [query, query.new_ones(query.size(0), 1)]
-        key_columns = [key, key.square().sum(-1, keepdim=True) / -time_scale]
-        if row_norms is not None:
-            query_columns.append(row_norms)
-            key_columns.append(key.new_ones(key.size(0), 1))
-        query, key = torch.cat(query_columns, 1), torch.cat(key_columns, 1)
-    return SampledDot.apply(graph, query, key)
 
 
 def _direct_block_logits(query: Tensor, key: Tensor, graph: HeadBlockCSR,
@@ -263,6 +345,4 @@ def sparse_metric_attention(
     weights = SegmentSoftmax.apply(graph, logits)
     if dropout_mask is not None:
         weights = weights * graph.from_edges(dropout_mask.to(weights.dtype))
-    out = SparseAggregate.apply(graph, weights,
-                                to_blocks(value.to(weights.dtype)))
-    return from_blocks(out, graph.heads), weights
+    return SparseAggregate.apply(graph, weights, value.to(weights.dtype)), weights

@@ -13,8 +13,10 @@ sparse kernel head by head on it: the sampled dense product (SDDMM) gives the
 per-edge logits, ``A_h @ V_h`` (SpMM) aggregates, and the transposed pattern
 serves the source-side gradients. Per-edge values are flat ``[H E]`` tensors,
 head-major (head ``h`` holds entries ``h E`` to ``(h + 1) E``, in CSR order);
-node tensors ``[N, H, K]`` become head-major ``[H N, K]`` (:func:`to_blocks`).
-The helpers map per-edge values to and from the caller's ``[E, H]`` edge order.
+node tensors enter as ``[H, N, K]`` (head-major, or a node-major ``[N, H,
+K]`` tensor seen through ``transpose(0, 1)``: each head's slice is then
+strided, and nothing is copied to head-major order). The helpers map
+per-edge values to and from the caller's ``[E, H]`` edge order.
 
 Memory: five 32-bit index arrays of :math:`E` entries (the pattern's columns
 and rows, the transpose's columns, the permutations to the transpose and to
@@ -96,41 +98,40 @@ class HeadBlockCSR:
         """``[H E]`` -> the ``H`` contiguous ``[E]`` slices of the heads."""
         return list(block_values.view(self.heads, self.num_edges).unbind(0))
 
-    def _node_heads(self, nodes: Tensor) -> list[Tensor]:
-        """Head-major ``[H N, K]`` -> the ``H`` slices ``[N, K]``."""
-        return list(nodes.view(self.heads, nodes.size(0) // self.heads,
-                               nodes.size(-1)).unbind(0))
-
     def sampled_dot(self, a: Tensor, b: Tensor) -> Tensor:
         r"""``[H E]``: :math:`\langle a_{h, \mathrm{dst}(e)}, b_{h,
         \mathrm{src}(e)} \rangle` for every head and entry, with ``a``
-        ``[H N_dst, K]`` and ``b`` ``[H N_src, K]`` head-major."""
+        ``[H, N_dst, K]`` and ``b`` ``[H, N_src, K]``."""
         # Zeros: with beta = 0 the kernel still propagates NaN in the input.
         out = a.new_zeros(self.heads * self.num_edges)
-        for a_h, b_h, out_h in zip(self._node_heads(a), self._node_heads(b),
-                                   self._heads(out), strict=True):
+        for a_h, b_h, out_h in zip(a.unbind(0), b.unbind(0), self._heads(out),
+                                   strict=True):
             pattern = _csr_matrix(self.crow, self.col, out_h,
                                   (self.num_dst, self.num_src))
             torch.sparse.sampled_addmm(pattern, a_h, b_h.t(), beta=0.0,
                                        out=pattern)  # into out_h
         return out
 
-    def aggregate(self, weights: Tensor, value: Tensor) -> Tensor:
-        """``A_h @ value_h`` for every head: ``[H E]`` weights, ``[H N_src,
-        C]`` values -> ``[H N_dst, C]``."""
-        out = value.new_empty(self.heads * self.num_dst, value.size(-1))
-        for w_h, v_h, out_h in zip(self._heads(weights), self._node_heads(value),
-                                   self._node_heads(out), strict=True):
+    def aggregate(self, weights: Tensor, value: Tensor,
+                  out: Tensor | None = None) -> Tensor:
+        """``A_h @ value_h`` for every head: ``[H E]`` weights, ``[H, N_src,
+        C]`` values -> ``[H, N_dst, C]``, into ``out`` where given."""
+        if out is None:
+            out = value.new_empty(self.heads, self.num_dst, value.size(-1))
+        for w_h, v_h, out_h in zip(self._heads(weights), value.unbind(0),
+                                   out.unbind(0), strict=True):
             torch.mm(_csr_matrix(self.crow, self.col, w_h,
                                  (self.num_dst, self.num_src)), v_h, out=out_h)
         return out
 
-    def aggregate_transposed(self, weights: Tensor, grad: Tensor) -> Tensor:
+    def aggregate_transposed(self, weights: Tensor, grad: Tensor,
+                             out: Tensor | None = None) -> Tensor:
         """``A_h^T @ grad_h`` for every head: ``[H E]`` weights of ``A``,
-        ``[H N_dst, C]`` -> ``[H N_src, C]``."""
-        out = grad.new_empty(self.heads * self.num_src, grad.size(-1))
-        for w_h, g_h, out_h in zip(self._heads(weights), self._node_heads(grad),
-                                   self._node_heads(out), strict=True):
+        ``[H, N_dst, C]`` -> ``[H, N_src, C]``, into ``out`` where given."""
+        if out is None:
+            out = grad.new_empty(self.heads, self.num_src, grad.size(-1))
+        for w_h, g_h, out_h in zip(self._heads(weights), grad.unbind(0),
+                                   out.unbind(0), strict=True):
             torch.mm(_csr_matrix(self.transpose_crow, self.transpose_col,
                                  w_h.index_select(0, self.transpose_gather),
                                  (self.num_src, self.num_dst)), g_h, out=out_h)
@@ -141,6 +142,18 @@ class HeadBlockCSR:
         (empty rows give the reduction's identity: 0 for ``'sum'``, ``-inf``
         for ``'max'``)."""
         return torch.segment_reduce(values, reduce, offsets=self._row_offsets)
+
+    def rows_apply(self, op, values: Tensor, row_values: Tensor,
+                   out: Tensor) -> Tensor:
+        """``op(values, the row value of each entry, out=out)`` for ``[H E]``
+        values and ``[H N_dst]`` row values, a head at a time (one head's
+        :math:`E` entries of temporaries, not :math:`H E`); ``out`` may be
+        ``values``. Returns ``out``."""
+        for values_h, row_h, out_h in zip(
+                self._heads(values), row_values.view(self.heads, -1).unbind(0),
+                self._heads(out), strict=True):
+            op(values_h, row_h.index_select(0, self.row), out=out_h)
+        return out
 
     def broadcast_rows(self, row_values: Tensor) -> Tensor:
         """``[H N_dst]`` -> ``[H E]``: each entry gets its row's value."""
@@ -156,13 +169,3 @@ class HeadBlockCSR:
         out.index_copy_(0, self.perm.long(),
                         block_values.view(self.heads, self.num_edges).t())
         return out
-
-
-def to_blocks(x: Tensor) -> Tensor:
-    """Node tensor ``[N, H, K]`` -> head-major ``[H N, K]``."""
-    return x.transpose(0, 1).reshape(-1, x.size(-1))
-
-
-def from_blocks(x: Tensor, heads: int) -> Tensor:
-    """Head-major ``[H N, K]`` -> ``[N, H, K]`` (a view)."""
-    return x.view(heads, -1, x.size(-1)).transpose(0, 1)

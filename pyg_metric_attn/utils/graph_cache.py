@@ -17,8 +17,21 @@ returns it again while that object lives unchanged:
   ``CAPACITY`` entries are kept (least recently used first out), so
   mini-batches with a new ``edge_index`` each step hold no memory.
 
-Nothing is cached for inference-mode tensors (they keep no version counter)
-or under :func:`torch.compile`.
+Nothing is cached for inference-mode tensors (they keep no version counter).
+
+Under :func:`torch.compile` the cache is read, never written: an entry that
+an eager call made for this very tensor is returned, and Dynamo takes its
+tensors as inputs of the compiled graph (the lookup by the tensor's identity
+is guarded, so another ``edge_index`` recompiles), so the graph holds none of
+the structures' construction (self-loops dropped by ``nonzero``, sorts,
+schedules) and ``mode='reduce-overhead'`` captures the step as one CUDA
+graph (the builders mark their tensors static,
+:func:`torch._dynamo.mark_static_address`, so that CUDA graphs read them
+where they lie instead of copying them in at every replay). Without an
+entry the graph builds the structure itself. Dynamo cannot read a version
+counter, so an in-place change of ``edge_index`` between compiled calls goes
+unseen there: give a changed graph a new tensor (eager calls see the
+change).
 """
 from __future__ import annotations
 
@@ -43,9 +56,14 @@ def cached(edge_index: Tensor, key: Hashable, build: Callable[[], T]) -> T:
     """``build()``, or what it returned for this unchanged ``edge_index`` and
     the same ``key`` (the parameters the structure depends on besides the
     graph, e.g. node counts and heads)."""
-    if torch.compiler.is_compiling() or edge_index.is_inference():
-        return build()  # (Dynamo stops at is_inference(): asked second)
     ident = (id(edge_index), key)
+    if torch.compiler.is_compiling():  # read only (module notes)
+        entry = _entries.get(ident)
+        if entry is not None and entry[0]() is edge_index:
+            return entry[2]  # type: ignore[return-value]
+        return build()
+    if edge_index.is_inference():
+        return build()
     entry = _entries.get(ident)
     if entry is not None:
         ref, version, value = entry

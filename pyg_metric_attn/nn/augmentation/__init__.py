@@ -46,7 +46,8 @@ from torch import Tensor
 from pyg_metric_attn.nn.augmentation.function import run_augment
 from pyg_metric_attn.nn.triton import HAVE_TRITON
 
-__all__ = ['augmented_queries_and_keys', 'runs_fused', 'FUSED_DEVICES']
+__all__ = ['augmented_queries_and_keys', 'checked_augmentation', 'runs_fused',
+           'FUSED_DEVICES']
 
 #: The device types on which :func:`runs_fused` holds (Triton installed).
 FUSED_DEVICES = ('cuda',)
@@ -82,13 +83,46 @@ def augmented_queries_and_keys(query: Tensor, key: Tensor,
     Returns:
         ``(q' [..., L_q, W], k' [..., L_k, W])``, contiguous.
     """
+    query_aug, key_aug, _ = _augment(query, key, attended, width, None)
+    return query_aug, key_aug
+
+
+def checked_augmentation(query: Tensor, key: Tensor, attended: Tensor | None,
+                         width: int, time_scale: Tensor
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+    r""":func:`augmented_queries_and_keys` with the ``'checked'`` precision
+    policy's decision, made in the same operator (one more, small, launch):
+    whether each softmax's fused logits round by more than the tolerance
+    (:func:`~pyg_metric_attn.nn.logits.needs_exact` for the centred
+    points). The flagged softmaxes' :math:`q'` and :math:`k'` are zeroed:
+    their fused attention is to be replaced, and stays finite.
+
+    Args:
+        time_scale (torch.Tensor): The time scale of every softmax
+            (:func:`~pyg_metric_attn.nn.logits.slice_time_scale`; not
+            differentiated).
+        (the others as :func:`augmented_queries_and_keys`)
+
+    Returns:
+        ``(q', k', needs_exact)``, the flags boolean of the leading
+        dimensions.
+    """
+    leading = query.shape[:-2]  # the time scale as the points' [B, H]
+    time_scale = _four_dimensional(
+        time_scale.detach().expand(leading)[..., None, None])[..., 0, 0]
+    query_aug, key_aug, flags = _augment(query, key, attended, width, time_scale)
+    return query_aug, key_aug, flags.view(leading)
+
+
+def _augment(query: Tensor, key: Tensor, attended: Tensor | None, width: int,
+             time_scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     _check(query, key, attended, width)
     leading = query.shape[:-2]
-    query_aug, key_aug = run_augment(
+    query_aug, key_aug, flags = run_augment(
         _four_dimensional(query), _four_dimensional(key),
-        _mask_per_pair(attended, key), width)
+        _mask_per_pair(attended, key), width, time_scale)
     return (query_aug.view(*leading, *query_aug.shape[2:]),
-            key_aug.view(*leading, *key_aug.shape[2:]))
+            key_aug.view(*leading, *key_aug.shape[2:]), flags)
 
 
 def _four_dimensional(points: Tensor) -> Tensor:

@@ -2,9 +2,11 @@ r"""The kernels as two custom operators with autograd, one graph to
 :func:`torch.compile`.
 
 ``pyg_metric_attn::augment_queries_and_keys`` runs the statistics and the
-augmentation kernels, ``pyg_metric_attn::augment_queries_and_keys_backward``
-the backward kernel; :func:`torch.library.register_autograd` ties them. Both
-have fake implementations, so :func:`torch.compile` traces through them
+augmentation kernels (and with a time scale, the ``'checked'`` policy's
+decision: one more, small, launch),
+``pyg_metric_attn::augment_queries_and_keys_backward`` the backward kernel;
+:func:`torch.library.register_autograd` ties them. Both have fake
+implementations, so :func:`torch.compile` traces through them
 (``fullgraph=True``) and calls them as opaque operators; outside
 compilation :func:`run_augment` runs the same code without the dispatcher
 (:mod:`~pyg_metric_attn.nn.eager_operator`). They take ``[B, H,
@@ -29,6 +31,7 @@ import torch
 from torch import Tensor
 
 from pyg_metric_attn.nn.eager_operator import eager_autograd, operator_or_eager
+from pyg_metric_attn.nn.logits import LOGIT_ROUNDING_TOLERANCE, rounding_error_scale
 
 #: Rows per tile; ``None``: 4096 elements per tile (at least 16 rows).
 BLOCK_L: int | None = None
@@ -65,17 +68,24 @@ def _attended_strides(attended: Tensor | None) -> tuple[int, int, int]:
 
 # ---------------------------------------------------------------- forward
 
-def _forward(query: Tensor, key: Tensor, attended: Tensor | None,
-             width: int) -> tuple[Tensor, Tensor]:
-    """``(q', k')``, ``[B, H, L_q, W]`` and ``[B, H, L_k, W]``."""
+def _forward(query: Tensor, key: Tensor, attended: Tensor | None, width: int,
+             time_scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q', k', needs_exact)``, ``[B, H, L_q, W]``, ``[B, H, L_k, W]`` and,
+    with a ``time_scale`` (float64, broadcastable to ``[B, H]``), the
+    boolean flags ``[B, H]`` of :func:`~pyg_metric_attn.nn.logits.needs_exact`
+    for the centred points, the flagged softmaxes' ``q'``, ``k'`` zeroed
+    (else an empty ``[0]``)."""
     import triton
     batch, heads, num_queries, dim = query.shape
     num_keys = key.size(2)
     query_aug = query.new_empty(batch, heads, num_queries, width)
     key_aug = key.new_empty(batch, heads, num_keys, width)
+    check = time_scale is not None
+    flags = torch.empty((batch, heads) if check else (0,), dtype=torch.bool,
+                        device=query.device)
     pairs = batch * heads
     if pairs == 0 or num_queries + num_keys == 0:
-        return query_aug, key_aug
+        return query_aug, key_aug, flags.zero_()
     kernels = _kernels()
     acc = _accumulator(key.dtype)
     finfo = torch.finfo(key.dtype)
@@ -89,19 +99,29 @@ def _forward(query: Tensor, key: Tensor, attended: Tensor | None,
                             dtype=torch.float64 if key.dtype == torch.float64
                             else torch.float32)
     has_mask = attended is not None
+    norms = torch.empty(pairs, 2, device=key.device, dtype=torch.float32) \
+        if check else summaries  # (a dummy pointer)
     kernels['augment_statistics'][(pairs, splits)](
-        key, mask, summaries, *key.stride(), *_attended_strides(attended), heads,
-        num_keys, dim, tiles_per_split, HAS_MASK=has_mask, ACC=acc, BLOCK_L=rows,
-        BLOCK_D=_block(dim))
+        key, mask, summaries, norms, *key.stride(), *_attended_strides(attended),
+        heads, num_keys, dim, tiles_per_split, HAS_MASK=has_mask, CHECK=check,
+        ACC=acc, BLOCK_L=rows, BLOCK_D=_block(dim))
     rows = _rows(width)
     query_tiles = triton.cdiv(num_queries, rows)
     kernels['augment'][(pairs, query_tiles + triton.cdiv(num_keys, rows))](
-        query, key, mask, summaries, query_aug, key_aug, *query.stride(),
+        query, key, mask, summaries, query_aug, key_aug, norms, *query.stride(),
         *key.stride(), *_attended_strides(attended), heads, num_queries, num_keys,
         dim, width, splits, query_tiles, finfo.tiny, finfo.eps,
-        HAS_MASK=has_mask, ROUND=finfo.bits <= 16, ACC=acc, BLOCK_L=rows,
-        BLOCK_W=_block(width), BLOCK_S=max(2, triton.next_power_of_2(splits)))
-    return query_aug, key_aug
+        HAS_MASK=has_mask, CHECK=check, ROUND=finfo.bits <= 16, ACC=acc,
+        BLOCK_L=rows, BLOCK_W=_block(width),
+        BLOCK_S=max(2, triton.next_power_of_2(splits)))
+    if check:
+        time_scale = time_scale.expand(batch, heads)  # strides 0 where shared
+        kernels['augment_decide'][(pairs,)](
+            norms, time_scale, flags.view(torch.uint8), query_aug, key_aug,
+            *time_scale.stride(), heads, num_queries, num_keys, width,
+            rounding_error_scale(query.dtype, dim), LOGIT_ROUNDING_TOLERANCE,
+            BLOCK_L=rows, BLOCK_W=_block(width))
+    return query_aug, key_aug, flags
 
 
 augment = torch.library.custom_op('pyg_metric_attn::augment_queries_and_keys',
@@ -109,9 +129,11 @@ augment = torch.library.custom_op('pyg_metric_attn::augment_queries_and_keys',
 
 
 @augment.register_fake
-def _(query, key, attended, width):
+def _(query, key, attended, width, time_scale):
     return (query.new_empty(*query.shape[:3], width),
-            key.new_empty(*key.shape[:3], width))
+            key.new_empty(*key.shape[:3], width),
+            query.new_empty(query.shape[:2] if time_scale is not None else (0,),
+                            dtype=torch.bool))
 
 
 # ---------------------------------------------------------------- backward
@@ -165,7 +187,8 @@ def _(grad_query_aug, grad_key_aug, key_aug, attended, dim, need_query, need_key
 # ---------------------------------------------------------------- autograd
 
 def _setup_context(ctx, inputs, output):
-    query, _, attended, _ = inputs
+    query, _, attended, _, _ = inputs
+    ctx.mark_non_differentiable(output[2])
     ctx.save_for_backward(output[1], attended)
     ctx.dim = query.size(-1)
 
@@ -173,14 +196,14 @@ def _setup_context(ctx, inputs, output):
 def _backward_by(run_backward):
     """The operator's backward, computed by ``run_backward`` (the backward
     operator, or its implementation)."""
-    def backward(ctx, grad_query_aug, grad_key_aug):
+    def backward(ctx, grad_query_aug, grad_key_aug, _grad_flags):
         key_aug, attended = ctx.saved_tensors
         need_query, need_key = ctx.needs_input_grad[:2]
         grad_query, grad_key = run_backward(
             grad_query_aug, grad_key_aug, key_aug, attended, ctx.dim,
             need_query, need_key)
         return (grad_query if need_query else None,
-                grad_key if need_key else None, None, None)
+                grad_key if need_key else None, None, None, None)
     return backward
 
 

@@ -25,6 +25,17 @@ it writes a tile of :math:`q' = [q - c, -\tfrac12, 0 ..]` or of :math:`k' =
 [\tilde k, \|\tilde k\|^2 - \sigma, 0 ..]` with :math:`\tilde k = k - c`
 rounded to the key dtype (0 for a key no query attends to), ``W`` columns.
 
+**The check** (``CHECK``: the ``'checked'`` precision policy,
+:func:`~pyg_metric_attn.nn.logits.needs_exact` in three launches' worth of
+work instead of a score of torch ops). The statistics pass zeroes
+``NORMS[bh] = (max |q - c|, max |k~|)``, the augmentation adds every tile's
+largest norm of the centred points it writes (atomic max; a NaN row counts
+as 0, an infinite one as infinite), and :func:`decide_kernel` (grid ``(B
+H,)``) turns them into the flag of every softmax, :math:`\neg(u \sqrt{D}
+(\max\|q\| + \max\|k\|)^2 / |t| \le \mathrm{tolerance})`, and zeroes the
+flagged softmaxes' :math:`q'` and :math:`k'`, so that the fused attention
+and its backward stay finite where the exact correction takes over.
+
 **Backward** (:func:`augment_backward_kernel`, the same grid). Elementwise:
 :math:`dq = dq'_{:D}` and :math:`dk = dk'_{:D} + 2 \tilde k\, dk'_D` (0 for
 an unattended key), :math:`\tilde k` read back from :math:`k'`; the centre
@@ -106,13 +117,17 @@ def _merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 
 @triton.jit
-def statistics_kernel(K, ATT, PART, stride_kb, stride_kh, stride_kl, stride_kd,
-                      stride_ab, stride_ah, stride_al, H, L, D, tiles_per_split,
-                      HAS_MASK: tl.constexpr, ACC: tl.constexpr,
+def statistics_kernel(K, ATT, PART, NORMS, stride_kb, stride_kh, stride_kl,
+                      stride_kd, stride_ab, stride_ah, stride_al, H, L, D,
+                      tiles_per_split, HAS_MASK: tl.constexpr,
+                      CHECK: tl.constexpr, ACC: tl.constexpr,
                       BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     """The summary of split ``s`` of the counted keys of ``(b, h)``:
-    ``PART[bh, s] = (n, M_2, max |k|, mean)``."""
+    ``PART[bh, s] = (n, M_2, max |k|, mean)``; with ``CHECK`` split 0 also
+    zeroes ``NORMS[bh]``."""
     bh, split, b, h, lanes, dmask = _program(H, D, BLOCK_D)
+    if CHECK and split == 0:
+        tl.store(NORMS + 2 * bh + tl.arange(0, 2), tl.zeros([2], tl.float32))
     n = tl.zeros([], ACC)
     mean = tl.zeros([BLOCK_D], ACC)
     m2 = tl.zeros([], ACC)
@@ -163,14 +178,16 @@ def _centre(PART, bh, n_splits, D, L, lanes, tiny, eps, KEY_DTYPE: tl.constexpr,
 
 
 @triton.jit
-def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
-                   stride_qd, stride_kb, stride_kh, stride_kl, stride_kd,
-                   stride_ab, stride_ah, stride_al, H, LQ, LK, D, W, n_splits,
-                   query_tiles, tiny, eps,
-                   HAS_MASK: tl.constexpr, ROUND: tl.constexpr, ACC: tl.constexpr,
+def augment_kernel(Q, K, ATT, PART, QA, KA, NORMS, stride_qb, stride_qh,
+                   stride_ql, stride_qd, stride_kb, stride_kh, stride_kl,
+                   stride_kd, stride_ab, stride_ah, stride_al, H, LQ, LK, D, W,
+                   n_splits, query_tiles, tiny, eps,
+                   HAS_MASK: tl.constexpr, CHECK: tl.constexpr,
+                   ROUND: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_L: tl.constexpr, BLOCK_W: tl.constexpr,
                    BLOCK_S: tl.constexpr):
-    """One tile of ``q'`` (tiles ``< query_tiles``) or of ``k'``."""
+    """One tile of ``q'`` (tiles ``< query_tiles``) or of ``k'``; with
+    ``CHECK`` its largest norm of the centred points joins ``NORMS``."""
     bh, tile, b, h, lanes, dmask = _program(H, D, BLOCK_W)
     key_dtype = K.dtype.element_ty
     centre, shift = _centre(PART, bh, n_splits, D, LK, lanes, tiny, eps, key_dtype,
@@ -183,6 +200,8 @@ def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
         extra = tl.where(lanes == D, -0.5, 0.0).to(ACC)
         _store_rows(QA, tl.where(dmask[None, :], shifted, extra[None, :]), bh, rows,
                     rmask, lanes, LQ, W)
+        if CHECK:
+            _largest_norm(NORMS + 2 * bh, tl.sum(shifted * shifted, 1), rmask)
     else:
         rows = (tile - query_tiles) * BLOCK_L + tl.arange(0, BLOCK_L)
         k, rmask = _load_rows(K, b, h, rows, lanes, dmask, LK, stride_kb, stride_kh,
@@ -191,10 +210,51 @@ def augment_kernel(Q, K, ATT, PART, QA, KA, stride_qb, stride_qh, stride_ql,
                              stride_al, HAS_MASK)
         shifted = (k.to(ACC) - centre[None, :]).to(key_dtype).to(ACC)
         shifted = tl.where(attended[:, None] & dmask[None, :], shifted, 0.0)
-        norm = tl.sum(shifted * shifted, 1) - shift
+        squares = tl.sum(shifted * shifted, 1)
+        norm = squares - shift
         _store_rows(KA, tl.where(dmask[None, :], shifted,
                                  tl.where(lanes[None, :] == D, norm[:, None], 0.0)),
                     bh, rows, rmask, lanes, LK, W)
+        if CHECK:
+            _largest_norm(NORMS + 2 * bh + 1, squares, rmask)
+
+
+@triton.jit
+def _largest_norm(NORM, squares, rmask):
+    """``NORM = max(NORM, the largest norm of the rows)`` (float32, atomic),
+    from the rows' squared norms: NaN rows count as 0."""
+    norms = tl.sqrt(squares.to(tl.float32))
+    norms = tl.where(rmask & (norms == norms), norms, 0.0)
+    tl.atomic_max(NORM, tl.max(norms, 0))
+
+
+@triton.jit
+def decide_kernel(NORMS, TS, FLAGS, QA, KA, stride_tb, stride_th, H, LQ, LK, W,
+                  error_scale, tolerance, BLOCK_L: tl.constexpr,
+                  BLOCK_W: tl.constexpr):
+    r"""The flag of softmax ``(b, h)`` (:obj:`True` where the fused logits
+    would round by more than ``tolerance``: ``error_scale`` is the unit
+    roundoff times :math:`\sqrt{D}`), and where it is set, its ``q'`` and
+    ``k'`` zeroed."""
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    largest = (tl.load(NORMS + 2 * bh).to(tl.float64)
+               + tl.load(NORMS + 2 * bh + 1).to(tl.float64))
+    t = tl.load(TS + b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th)
+    error = error_scale * largest * largest / tl.abs(t.to(tl.float64))
+    flagged = ~(error <= tolerance)  # NaN: flagged
+    tl.store(FLAGS + bh, flagged.to(tl.uint8))
+    if flagged:
+        lanes = tl.arange(0, BLOCK_W)
+        for start in range(0, LQ, BLOCK_L):
+            rows = start + tl.arange(0, BLOCK_L)
+            _store_rows(QA, tl.zeros([BLOCK_L, BLOCK_W], tl.float32), bh, rows,
+                        rows < LQ, lanes, LQ, W)
+        for start in range(0, LK, BLOCK_L):
+            rows = start + tl.arange(0, BLOCK_L)
+            _store_rows(KA, tl.zeros([BLOCK_L, BLOCK_W], tl.float32), bh, rows,
+                        rows < LK, lanes, LK, W)
 
 
 @triton.jit
@@ -232,5 +292,5 @@ def augment_backward_kernel(GQA, GKA, KA, ATT, DQ, DK, stride_gqb, stride_gqh,
 #: wrap them in place).
 KERNELS = {
     'augment_statistics': statistics_kernel, 'augment': augment_kernel,
-    'augment_backward': augment_backward_kernel,
+    'augment_decide': decide_kernel, 'augment_backward': augment_backward_kernel,
 }

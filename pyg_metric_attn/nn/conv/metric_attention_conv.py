@@ -484,7 +484,10 @@ class MetricAttentionConv(MessagePassing):
         z_src, z_dst = embed_pair(self.embed_src, self.embed_dst, x_src, x_dst)
         # Logits in at least float32, also under float16/bfloat16 autocast.
         dtype = torch.promote_types(z_src.dtype, torch.float32)
-        return z_src.to(dtype).view(shape), z_dst.to(dtype).view(shape)
+        points = z_src.to(dtype).view(shape)
+        # One tensor for both ends of a tied map (``query is key`` downstream:
+        # centred once, its blocks built and kept once).
+        return points, points if z_dst is z_src else z_dst.to(dtype).view(shape)
 
     def _values(self, x_src: Tensor) -> Tensor:
         """What each source node sends, ``[N_src, H, C]``."""

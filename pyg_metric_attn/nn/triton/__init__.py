@@ -41,6 +41,7 @@ from torch import Tensor
 from pyg_metric_attn.nn.pseudo_metric import check_metric
 from pyg_metric_attn.nn.triton.function import run_attention
 from pyg_metric_attn.nn.triton.schedule import TritonGraph, prepare_triton_graph
+from pyg_metric_attn.utils.constants import device_constant
 
 try:  # triton is an optional dependency: pip install pyg-metric-attn[gpu]
     import triton  # noqa: F401
@@ -106,8 +107,8 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
             col: Tensor | None, metric: str, time_scale: float | Tensor,
             edge_bias: Tensor | None, dropout_p: float, seed: int | None,
             need_weights: bool, deterministic: bool, graph: TritonGraph | None
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Check, prepare and run: ``(out, weights, row state, range constants)``."""
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """Check, prepare and run: ``(out, weights, row state)``."""
     _require_triton()
     check_metric(metric)
     if not 0.0 <= dropout_p <= 1.0:
@@ -133,19 +134,18 @@ def _launch(query: Tensor, key: Tensor, value: Tensor, rowptr: Tensor | None,
             raise ValueError('time_scale must be a float or a one-element tensor')
         ts = time_scale.to(device=device, dtype=torch.float32).reshape(1)
     else:
-        ts = torch.full((1,), float(time_scale), device=device, dtype=torch.float32)
+        ts = device_constant(float(time_scale), device, torch.float32, (1,))
     seed_t = None
     if dropout_p > 0:  # on the device: drawing or copying it never syncs
         seed_t = (torch.randint(2**31 - 1, (1,), device=device) if seed is None else
                   torch.full((1,), int(seed) % (2**31 - 1), device=device,
                              dtype=torch.long))
-    tensors = graph.tensors() if deterministic else graph.tensors()[:5]
-    out, stats, _, weights, ranges = run_attention(
+    out, stats, _, weights = run_attention(
         query.contiguous(), key.contiguous(), value.contiguous(), ts,
-        None if edge_bias is None else edge_bias.contiguous(), seed_t, tensors,
-        graph.chunk, metric, float(dropout_p), need_weights,
-        ts.requires_grad and torch.is_grad_enabled())
-    return out, weights, stats, ranges
+        None if edge_bias is None else edge_bias.contiguous(), seed_t,
+        graph.tensors(transpose=deterministic), graph.chunk, metric,
+        float(dropout_p), need_weights, ts.requires_grad and torch.is_grad_enabled())
+    return out, weights, stats
 
 
 def triton_metric_attention(query: Tensor, key: Tensor, value: Tensor,
@@ -188,9 +188,9 @@ def triton_metric_attention(query: Tensor, key: Tensor, value: Tensor,
         ``(out, weights)``: ``out`` ``[N_dst, H, C]`` in the input dtype (0 on
         rows without edges); ``weights`` ``[E, H]`` or ``None``.
     """
-    out, weights, _, _ = _launch(query, key, value, rowptr, col, metric, time_scale,
-                                 edge_bias, dropout_p, seed, need_weights,
-                                 deterministic, graph)
+    out, weights, _ = _launch(query, key, value, rowptr, col, metric, time_scale,
+                              edge_bias, dropout_p, seed, need_weights,
+                              deterministic, graph)
     return out, weights if need_weights else None
 
 
@@ -205,12 +205,13 @@ def metric_attention_lse(query: Tensor, key: Tensor, value: Tensor,
     """:func:`triton_metric_attention` that also returns the float32 row
     log-sum-exp ``[N_dst, H]``: ``(out, lse, weights)``. ``lse`` is ``-inf``
     on rows without edges and may overflow float32 where the logits do (it
-    is ``R m' + log l`` of the row state, see :mod:`.kernels`)."""
-    out, weights, stats, ranges = _launch(query, key, value, rowptr, col, metric,
-                                        time_scale, edge_bias, dropout_p, seed,
-                                        need_weights, deterministic, graph)
-    largest, log_norm = stats.unbind(-1)
-    unit = ranges[3].double() * ranges[4].double()  # R, in which m' is counted
+    is ``R m' + log l`` of the row state, in the row's units ``R``, see
+    :mod:`.kernels`)."""
+    out, weights, stats = _launch(query, key, value, rowptr, col, metric,
+                                  time_scale, edge_bias, dropout_p, seed,
+                                  need_weights, deterministic, graph)
+    largest, log_norm, _, exponent = stats.unbind(-1)
+    unit = torch.exp2(exponent.double())  # R = 2^e_r, in which m' is counted
     lse = torch.where(largest == float('-inf'), float('-inf'),
                       (largest.double() * unit + log_norm).float())
     return out, lse, weights if need_weights else None

@@ -4,8 +4,8 @@ r"""The graph as the kernels read it, prepared once per graph.
 kernels index memory with it, so a bad index must never reach them), builds
 the destination row of every edge, the transposed (CSC) view for the
 deterministic backward, and the *work schedules* over rows and columns. It is
-all torch ops on the graph's device, sized by bounds known on the host, so
-nothing synchronises; a caller that reuses a graph (full-batch training)
+all torch ops on the graph's device (and one read of the schedules' sizes,
+see below); a caller that reuses a graph (full-batch training)
 caches the returned :class:`TritonGraph` (the layer does so with
 :func:`~pyg_metric_attn.utils.graph_cache.cached`).
 
@@ -16,8 +16,13 @@ transpose) is cut into chunks of at most ``chunk`` entries (default
 split segment write partial results to a float32 scratch of at most
 :math:`2E/\mathrm{chunk}` slots, and a second kernel merges a segment's
 chunks *in chunk order*, so results do not depend on scheduling. The number
-of items is bounded by ``N + E // chunk`` (known on the host); idle items
-exit at once.
+of items is bounded by ``N + E // chunk`` (known on the host), and of split
+segments by ``E // chunk``; sized by these bounds the schedules need no host
+read, and idle items exit at once. Outside :func:`torch.compile` the
+preparation reads the counts back once per graph and trims both schedules
+to them, so a graph without long rows launches no merge at all (one host
+read per prepared graph; under :func:`torch.compile` the bounds stay, and
+nothing synchronises).
 
 **Transpose.** The source-side gradients of the deterministic backward run
 over the edges sorted stably by source
@@ -28,7 +33,7 @@ counter).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -58,6 +63,26 @@ class Schedule:
     @property
     def n_split(self) -> int:
         return self.split.size(1)
+
+    def used(self) -> list[Tensor]:
+        """How many items and split segments are not idle (two counts on the
+        device): the valid ones come first."""
+        return [(self.items[0] >= 0).sum(), (self.split[0] >= 0).sum()]
+
+    def trimmed(self, n_items: int, n_split: int) -> Schedule:
+        """The first ``n_items`` items and ``n_split`` split segments."""
+        return Schedule(self.items[:, :n_items].contiguous(),
+                        self.split[:, :n_split].contiguous())
+
+
+class GraphTensors(list):
+    """The index tensors of one prepared graph, as the custom operators take
+    them (:meth:`TritonGraph.tensors`), and the launch plans worked out for
+    that graph (``plans``, filled by :mod:`.function`): the same object at
+    every call on the graph, so that a repeated step finds its plans."""
+    def __init__(self, tensors: list[Tensor]):
+        super().__init__(tensors)
+        self.plans: dict = {}
 
 
 def scratch_slots(num_entries: int, chunk: int) -> int:
@@ -112,6 +137,7 @@ class TritonGraph:
     csc_row: Tensor | None   # int64 [E]: destination of every CSC entry
     csc_edge: Tensor | None  # int64 [E]: its CSR position
     cols: Schedule | None
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_dst(self) -> int:
@@ -125,13 +151,24 @@ class TritonGraph:
     def has_transpose(self) -> bool:
         return self.cols is not None
 
-    def tensors(self) -> list[Tensor]:
+    def tensors(self, transpose: bool = True) -> list[Tensor]:
         """The index tensors, in the order :meth:`from_tensors` takes them
-        (the custom operators take tensors, not this object)."""
-        transpose = ([self.csc_row, self.csc_edge, self.cols.items, self.cols.split]
-                     if self.cols is not None else [])
-        return [self.rowptr, self.col, self.row, self.rows.items,
-                self.rows.split, *transpose]
+        (the custom operators take tensors, not this object); with
+        ``transpose`` those of the transpose too, where the graph has it.
+        Outside :func:`torch.compile` one :class:`GraphTensors` per choice,
+        made once."""
+        transpose = transpose and self.cols is not None
+        views = self._views.get(transpose)
+        if views is not None and not torch.compiler.is_compiling():
+            return views
+        tensors = [self.rowptr, self.col, self.row, self.rows.items,
+                   self.rows.split]
+        if transpose:
+            tensors += [self.csc_row, self.csc_edge, self.cols.items,
+                        self.cols.split]
+        if torch.compiler.is_compiling():
+            return tensors
+        return self._views.setdefault(transpose, GraphTensors(tensors))
 
     @classmethod
     def from_tensors(cls, tensors: list[Tensor], num_src: int,
@@ -233,5 +270,10 @@ def prepare_triton_graph(rowptr: Tensor, col: Tensor, num_src: int, *,
         csc_edge, colptr = sort_by_segment(col.long(), num_src)
         csc_row = row.index_select(0, csc_edge)
         cols = segment_schedule(colptr, num_edges, chunk)
+    if not torch.compiler.is_compiling():  # one host read: the sizes in use
+        schedules = [rows] if cols is None else [rows, cols]
+        counts = torch.stack([n for s in schedules for n in s.used()]).tolist()
+        rows = rows.trimmed(*counts[:2])
+        cols = None if cols is None else cols.trimmed(*counts[2:])
     return TritonGraph(rowptr, col, row, rows, num_src, chunk, csc_row, csc_edge,
                        cols)
