@@ -13,7 +13,9 @@ PYPROJECT = Path(__file__).resolve().parents[2] / 'pyproject.toml'
 TOOLING = ('dev', 'docs')
 #: Import names that are not the distribution name with '_' for '-'.
 IMPORT_NAMES = {'scikit-image': 'skimage', 'scikit-learn': 'sklearn',
-                'pytest-xdist': 'xdist'}
+                'pytest-xdist': 'xdist',
+                # A module named with hyphens (Sphinx imports it by that name).
+                'sphinx-mathjax-offline': 'sphinx-mathjax-offline'}
 #: Further top-level modules that a distribution of an extra installs.
 ALSO_INSTALLED = {'matplotlib': ('mpl_toolkits',)}
 
