@@ -44,6 +44,5 @@ def load_run(run: str | Path, task_name: str, options: dict[str, Any],
     model = task.build_model(config['attention'])
     state = load_best_model(model, run)
     model = task.placement.move(model)
-    epoch = state.get('epoch') or len(state.get('history', []))
     return task, model, (f"{run}: {config['attention']} (seed "
-                         f"{config['seed']}), checkpoint of epoch {epoch}")
+                         f"{config['seed']}), checkpoint of epoch {state['epoch']}")

@@ -43,7 +43,13 @@ DATA = {
 
 def training_record(run: Path, commit: str) -> dict[str, Any]:
     """How the run was trained: its command, commit, seed, epochs, wall time
-    and device, from its config.json and metrics.json."""
+    and device, from its config.json and metrics.json, and the epoch of the
+    checkpoint shipped (:func:`~pyg_metric_attn.training.best_checkpoint`:
+    the last epoch's where no metric chose one, as in human_seg)."""
+    from pyg_metric_attn.training import best_checkpoint
+    from pyg_metric_attn.utils.io import load_verified
+
+    checkpoint = load_verified(best_checkpoint(run))
     config = json.loads((run / 'config.json').read_text())
     history = json.loads((run / 'metrics.json').read_text())
     options = dict(config['options'])
@@ -54,7 +60,6 @@ def training_record(run: Path, commit: str) -> dict[str, Any]:
          f"--attention {config['attention']}", f"--seed {config['seed']}",
          f"--epochs {config['epochs']}",
          *(f'-o {shlex.quote(f"{key}={value}")}' for key, value in options.items())])
-    best = max(history, key=lambda row: row['val_face_acc'])
     return {'command': command, 'commit': commit, 'seed': config['seed'],
             'epochs': config['epochs'], 'attention': config['attention'],
             'options': config['options'],
@@ -62,7 +67,7 @@ def training_record(run: Path, commit: str) -> dict[str, Any]:
             'device': config['device'],
             'wall_time_hours': round(sum(row['epoch_seconds']
                                          for row in history) / 3600, 2),
-            'checkpoint_epoch': best['epoch']}
+            'checkpoint_epoch': checkpoint.get('epoch', len(checkpoint['history']))}
 
 
 def perturbed_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,7 +139,8 @@ def _split(task: Any) -> str:
     c = task.config
     return (f'{train + val} training meshes: {train} trained on, {val} held out '
             f'for validation (val_fraction={c.val_fraction}, '
-            f'data_seed={c.data_seed}; the checkpoint is the best on them); '
+            f'data_seed={c.data_seed}; read after every epoch, the model is '
+            "the last epoch's); "
             f'{test} test meshes (SHREC), read once, by this script')
 
 

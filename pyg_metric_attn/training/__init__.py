@@ -16,10 +16,16 @@ from pyg_metric_attn.training.distributed import (
 from pyg_metric_attn.training.eval_mode import eval_mode
 from pyg_metric_attn.training.schedules import WarmupCosine, warmup_cosine
 from pyg_metric_attn.training.seeds import epoch_generator
-from pyg_metric_attn.training.trainer import Trainer, load_best_model, seed_everything
+from pyg_metric_attn.training.trainer import (
+    Trainer,
+    best_checkpoint,
+    load_best_model,
+    seed_everything,
+)
 
 __all__ = ['PRECISIONS', 'CollectiveError', 'DeviceUnavailableError',
            'DistributedContext', 'Placement', 'Trainer', 'WarmupCosine',
-           'epoch_generator', 'eval_mode', 'load_best_model', 'process_group',
+           'best_checkpoint', 'epoch_generator', 'eval_mode', 'load_best_model',
+           'process_group',
            'resolve_device', 'seed_everything', 'shard_indices',
            'strided_share', 'unwrap', 'warmup_cosine']

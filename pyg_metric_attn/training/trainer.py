@@ -379,16 +379,22 @@ class Trainer:
         return state
 
 
-def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
-    """Load ``best.pt`` (else ``last.pt``) of ``out_dir`` into ``model``."""
+def best_checkpoint(out_dir: str | Path) -> Path:
+    """The checkpoint of ``out_dir`` that holds its model: ``best.pt`` where
+    a monitored metric chose an epoch, else ``last.pt`` (the last epoch)."""
     out_dir = Path(out_dir)
-    path = out_dir / 'best.pt'
-    if not path.exists():
-        path = out_dir / 'last.pt'
-    if not path.exists():
-        raise FileNotFoundError(f"No checkpoint (best.pt or last.pt) in '{out_dir}'")
-    state = load_verified(path)
+    for name in ('best.pt', 'last.pt'):
+        if (out_dir / name).exists():
+            return out_dir / name
+    raise FileNotFoundError(f"No checkpoint (best.pt or last.pt) in '{out_dir}'")
+
+
+def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
+    """Load :func:`best_checkpoint` of ``out_dir`` into ``model``; returns
+    the checkpoint, its ``'epoch'`` the epoch the model is of."""
+    state = load_verified(best_checkpoint(out_dir))
     model.load_state_dict(state['model'])
+    state.setdefault('epoch', len(state.get('history', [])))
     return state
 
 

@@ -31,7 +31,7 @@ Data: the MeshCNN human_seg benchmark where ``root`` is given (raw files as
 16 heat kernel signatures per vertex (``features='hks'``) or the normalised
 coordinates, every training mesh rotated at random (``features='xyz'``).
 With ``val_fraction > 0`` a seeded share of the training meshes is held out
-and evaluated after every epoch (the best checkpoint is the best on them);
+and evaluated after every epoch (a reading: the model is the last epoch's);
 the test split is read once, at the end of an experiment or by ``evaluate
 --split test``. With ``val_fraction=0`` the test set is evaluated after
 every epoch and the last epoch is reported (no model selection on the test
