@@ -52,9 +52,10 @@ def training_record(run: Path, commit: str) -> dict[str, Any]:
     checkpoint = load_verified(best_checkpoint(run))
     config = json.loads((run / 'config.json').read_text())
     history = json.loads((run / 'metrics.json').read_text())
-    options = dict(config['options'])
-    flags = [f'--{key.replace("_", "-")} {options.pop(key)}'
-             for key in ('root', 'processed_dir') if key in options]
+    # Where the data lay on the training machine is no option of the recipe.
+    options = {key: value for key, value in config['options'].items()
+               if key not in ('root', 'processed_dir')}
+    flags = ['--root ROOT'] if config['options'].get('root') else []
     command = ' '.join(
         ['pyg-metric-attn train', config['task'], *flags,
          f"--attention {config['attention']}", f"--seed {config['seed']}",
@@ -62,7 +63,7 @@ def training_record(run: Path, commit: str) -> dict[str, Any]:
          *(f'-o {shlex.quote(f"{key}={value}")}' for key, value in options.items())])
     return {'command': command, 'commit': commit, 'seed': config['seed'],
             'epochs': config['epochs'], 'attention': config['attention'],
-            'options': config['options'],
+            'options': options,
             'config_version': config.get('config_version', 1),
             'device': config['device'],
             'wall_time_hours': round(sum(row['epoch_seconds']
