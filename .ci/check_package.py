@@ -5,11 +5,16 @@ build) and use the package from outside the source tree.
     python .ci/check_package.py [--keep DIR]
 
 Checks: LICENSE in both archives; the sdist holds the wheel's package files,
-pyproject.toml and README.md, and no tests; pip would not install a CUDA
+pyproject.toml and README.md, and no tests; the wheel carries the shipped
+human_seg model (weights and card, a few MB); pip would not install a CUDA
 torch (no nvidia-* packages); the installed package imports from the venv,
 a MetricAttentionConv runs forward and backward, the license is in the
 installed metadata, and ``pyg-metric-attn --help`` without the
-[experiments] extra says in one line to install it.
+[experiments] extra says in one line to install it. Then, with the
+[experiments] extra added, a mesh is segmented with the shipped model, no
+training: ``examples/segment_a_mesh.py`` writes a procedural humanoid and
+segments it in Python, ``pyg-metric-attn predict human_seg`` segments the
+same file, and both give the same labels.
 """
 from __future__ import annotations
 
@@ -63,6 +68,10 @@ def check_archives(dist: Path) -> Path:
     package = {name for name in wheel_files
                if name.startswith('pyg_metric_attn/')}
     assert 'pyg_metric_attn/py.typed' in package
+    shipped = {name: zipfile.ZipFile(wheel).getinfo(name).file_size
+               for name in ('pyg_metric_attn/pretrained/human_seg.pt',
+                            'pyg_metric_attn/pretrained/human_seg.json')}
+    assert shipped['pyg_metric_attn/pretrained/human_seg.pt'] < 16 << 20, shipped
     assert set(wheel_files) - package <= {
         name for name in wheel_files if name.startswith(f'{info}/')}, \
         sorted(set(wheel_files) - package)
@@ -99,6 +108,24 @@ def install(venv: Path, wheel: Path) -> Path:
     return python
 
 
+def segment_with_the_shipped_model(python: Path, wheel: Path, work: Path) -> None:
+    """With the [experiments] extra: the shipped model segments a mesh it
+    never saw, in Python and from the command line, alike."""
+    run(python, '-m', 'pip', 'install', '--quiet', '--no-compile',
+        f'{wheel}[experiments]')
+    run(python, ROOT / 'examples' / 'segment_a_mesh.py', '--out',
+        work / 'example', cwd=work)
+    mesh = work / 'example' / 'humanoid.obj'
+    run(python.parent / 'pyg-metric-attn', 'predict', 'human_seg', mesh,
+        '--out', work / 'predicted', cwd=work)
+    labels = [(folder / 'humanoid.txt').read_text()
+              for folder in (work / 'example', work / 'predicted')]
+    assert labels[0] == labels[1] and len(set(labels[0].split())) > 1, labels
+    assert (work / 'predicted' / 'humanoid.png').stat().st_size > 0
+    print(f"the shipped model segmented {mesh.name}: "
+          f"{len(labels[0].split())} faces, {len(set(labels[0].split()))} parts")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--keep', type=Path, help='work in this folder and '
@@ -119,6 +146,7 @@ def main() -> None:
         assert "pip install 'pyg-metric-attn[experiments]'" in cli.stderr, \
             cli.stderr
         print(f'core install: {cli.stderr.strip()}')
+        segment_with_the_shipped_model(python, wheel, work)
     print(f'check-package passed in {time.perf_counter() - START:.0f} s')
 
 
