@@ -7,11 +7,9 @@ with fake implementations and autograd formulas, so that
 :func:`torch.compile` traces a layer as one graph with each operator one
 opaque node. Entering an operator eagerly, though, runs the dispatcher's
 Python path on every call (argument defaults, pytree flattening, the
-autograd and backend wrappers, the backward operator's own dispatch): in a
-probe on the CPU with the Triton launches stubbed out it was about 0.4-0.6
-ms of host time per training step of the sparse layer (2026-11-27,
-``benchmarks/host_dispatch.py``), where a GPU step of a Cora-size layer
-takes 2.3 ms and is bound by the host.
+autograd and backend wrappers, the backward operator's own dispatch): host
+time that a small graph's GPU step, bound by the host, pays in full
+(measured with ``benchmarks/host_dispatch.py``; docs/results/cpu.rst).
 
 :func:`eager_autograd` makes a :class:`torch.autograd.Function` of an
 operator's implementation and autograd formulas (``setup_context`` as

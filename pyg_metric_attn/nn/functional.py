@@ -12,7 +12,7 @@ of two ways:
   :math:`k' = [k, \|k\|^2]` (values padded to the same head width).
 
 Fused SDPA kernels then apply and no ``L_q x L_k`` score matrix is stored.
-Which form, measured on CPU (torch 2.13; ``BENCHMARKS.md``): the flash kernel
+Which form, measured on CPU (torch 2.13; docs/results/cpu.rst): the flash kernel
 takes a mask, but a mask that requires grad drops SDPA to its quadratic math
 kernel, its backward is 2-3x slower with any mask, and ``is_causal`` cannot be
 combined with a mask. So the key bias serves inference (no gradient, not

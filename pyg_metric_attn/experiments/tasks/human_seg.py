@@ -94,9 +94,9 @@ MODELS = (*ATTENTIONS, STRONG_MODEL, BASELINE_MODEL)
 
 
 def default_former() -> MetricMeshFormerConfig:
-    """The former of the human_seg runs in RESULTS.md (64 wide, 4 blocks of 4
-    heads, dropout 0.1, global attention to every 8th vertex, heat diffusion
-    and gradient features)."""
+    """The recipe's former: 64 wide, 4 blocks of 4 heads, dropout 0.1,
+    global attention to every 8th vertex, heat diffusion and gradient
+    features."""
     return MetricMeshFormerConfig(hidden_channels=64, num_layers=4, heads=4,
                                   dropout=0.1, global_stride=8, diffusion=True,
                                   gradients=True)

@@ -97,9 +97,8 @@ class Multi30kConfig(TaskConfig):
 
 #: Changes of the defaults and the number of epochs, by preset.
 PRESETS: dict[str, dict[str, Any]] = {
-    # CPU recipe, fixed before the runs (see RESULTS.md): about an hour per
-    # run on 2 cores; identical for every attention type.  (The first runs
-    # used 6 epochs; 15 reached the 37 BLEU goal.)
+    # The CPU recipe, the same for every attention type: about an hour per
+    # run on 2 cores (docs/results/multi30k.rst).
     'small': dict(epochs=15),
     # The paper's Transformer (Table 2) and its code base's optimiser.
     'base': dict(num_layers=6, d_model=512, num_heads=8, dim_feedforward=2048,
