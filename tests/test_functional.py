@@ -405,6 +405,26 @@ def test_needs_exact_decides_per_softmax():
     assert needs_exact(q, q, 'dot', 1.0).tolist() == [False, False]
 
 
+def test_needs_exact_flags_only_estimates_over_the_tolerance():
+    """An estimate exactly at the tolerance is accepted (the exact path is
+    for those that exceed it), one a hair above is not; with no keys (a
+    softmax over nothing, ``[B, H, 0, D]``) nothing is flagged, one flag
+    per batch element and head. The estimate here is float32's ``u =
+    2^-24`` times the unit norms over ``t``, exact in float64."""
+    point = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    at_tolerance = 2.0 ** -24 / LOGIT_ROUNDING_TOLERANCE
+    assert float(rounding_error(point, point, 'dot', at_tolerance)) \
+        == LOGIT_ROUNDING_TOLERANCE
+    assert not needs_exact(point, point, 'dot', at_tolerance)
+    assert needs_exact(point, point, 'dot', at_tolerance * (1 - 1e-9))
+    query, no_keys = torch.ones(2, 3, 1, 4), torch.ones(2, 3, 0, 4)
+    flags = needs_exact(query, no_keys, 'metric', 1.0)
+    assert flags.shape == (2, 3) and not flags.any()
+    torch.testing.assert_close(  # |q| = 2, no key: u sqrt(4) 2^2
+        rounding_error(query, no_keys, 'metric', 1.0, per_slice=True),
+        torch.full((2, 3), 2.0 ** -24 * 2 * 4, dtype=torch.float64))
+
+
 def test_slice_time_scale_shapes():
     scalar = slice_time_scale(2.0, torch.device('cpu'))
     assert scalar.dtype == torch.float64 and scalar.shape == () and scalar == 2
