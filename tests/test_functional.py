@@ -475,6 +475,23 @@ def test_centred_bfloat16_centre_is_near_the_mean_and_shifts_exactly():
     assert float((centre.float() - mean).abs().max()) <= ulp / 2
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_centred_16_bit_centre_is_rounded_per_softmax(dtype):
+    """Each softmax's centre is its own keys' mean to within the unit in
+    the last place of its own largest coordinate, not of the whole
+    tensor's: a head of keys near the origin beside one far from it keeps a
+    fine centre. Against the float64 mean of the 16-bit keys."""
+    generator = torch.Generator().manual_seed(2)
+    offset = torch.tensor([[100.0, 0.3], [0.3, 100.0]]).view(2, 2, 1, 1)
+    key = (torch.randn(2, 2, 16, 4, generator=generator) * 0.1 + offset).to(dtype)
+    query, _ = centred(key[:, :, :1].clone(), key)
+    centre = (key[:, :, :1] - query).double()
+    largest = key.double().abs().amax((-2, -1), keepdim=True)
+    ulp = torch.exp2(largest.log2().floor()) * torch.finfo(dtype).eps
+    error = (centre - key.double().mean(-2, keepdim=True)).abs()
+    assert bool((error <= ulp).all()), (error / ulp).amax((-2, -1))
+
+
 def test_check_precision_names_the_policies():
     assert check_precision('fast') == 'fast'
     with pytest.raises(ValueError, match=re.escape(
