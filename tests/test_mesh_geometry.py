@@ -282,6 +282,12 @@ def test_operator_cache_key_hashes_values_shapes_and_settings():
     assert operator_cache_key(pos.astype(np.float32), face.astype(np.int32),
                               {'smoothing': 1, 'k': 8}) == key
     assert operator_cache_key(pos, face, {'k': 9, 'smoothing': 1}) != key
+    moved_vertex = pos.copy()
+    moved_vertex[3, 0] += 1 / 8
+    assert operator_cache_key(moved_vertex, face, {'k': 8, 'smoothing': 1}) != key
+    flipped = face.copy()
+    flipped[0] = flipped[0, ::-1]  # the same vertices, the other orientation
+    assert operator_cache_key(pos, flipped, {'k': 8, 'smoothing': 1}) != key
     head, tail = pos[:2], face[:1]
     moved = np.concatenate([head, tail.view(np.float64)])  # the same bytes
     assert operator_cache_key(head, tail, {}) != operator_cache_key(
