@@ -442,6 +442,23 @@ def test_hks_times_bounds_and_default_count():
     assert heat_kernel_signature(evals, evecs).shape == (3, 16)
 
 
+def test_face_normals_of_small_tilted_faces_match_float64_cross_products():
+    """Faces of area far below 1 (|cross| < 1) are normalised too, each by
+    its own norm: against the normalised cross product written out per
+    component."""
+    rng = np.random.default_rng(3)
+    pos = rng.normal(size=(6, 3)) * np.array([[1e-3], [0.2], [0.5]]).repeat(2, 0)
+    face = np.array([[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5]])
+    a, b = pos[face[:, 1]] - pos[face[:, 0]], pos[face[:, 2]] - pos[face[:, 0]]
+    cross = np.stack([a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1],
+                      a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
+                      a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]], axis=1)
+    length = np.sqrt((cross ** 2).sum(1, keepdims=True))
+    assert (length < 1).all()
+    np.testing.assert_allclose(face_normals(pos, face), cross / length,
+                               rtol=1e-12, atol=0)
+
+
 def test_face_normals_are_unit_and_zero_for_a_collapsed_face():
     pos = np.array([[0, 0, 0], [2, 0, 0], [0, 0, 3], [1, 0, 0.0]])
     face = np.array([[0, 1, 2], [0, 2, 1], [0, 3, 1]])  # the last collapsed
