@@ -240,6 +240,11 @@ def test_vertex_to_face_averaging_gives_each_face_its_vertex_mean():
     # A vertex's column holds 1/3 per face around it.
     np.testing.assert_allclose(np.asarray(averaging.sum(0)).ravel(),
                                np.bincount(face.ravel(), minlength=len(pos)) / 3)
+    # A vertex on no face (here the last) keeps its empty column.
+    extra = vertex_to_face_averaging(face, len(pos) + 1)
+    assert extra.shape == (len(face), len(pos) + 1)
+    np.testing.assert_allclose(extra @ np.vstack([values, np.ones((1, 4))]),
+                               values[face].mean(1), rtol=1e-12, atol=1e-12)
 
 
 def test_random_rotation_transform_rotates_the_positions_uniformly():
