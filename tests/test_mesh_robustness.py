@@ -19,6 +19,7 @@ from pyg_metric_attn.geometry.perturbations import (
     JITTER,
     MAX_STRETCH,
     PERTURBATION_VERSIONS,
+    distinct_copy_seeds,
 )
 from pyg_metric_attn.transforms import MeshPreprocessing
 
@@ -92,6 +93,12 @@ def test_the_same_seed_makes_the_same_copy(kind):
     again = perturb_mesh(pos, face, kind, np.random.default_rng(7))
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_distinct_copy_seeds_count_from_the_seed():
+    assert distinct_copy_seeds('jitter', 3, 2) == [3, 4]
+    assert distinct_copy_seeds('rotation', 0, 3) == [0, 1, 2]
+    assert distinct_copy_seeds('subdivision', 3, 2) == [3]
 
 
 def test_subdivided_faces_stem_from_the_face_they_split():
