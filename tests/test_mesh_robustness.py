@@ -19,6 +19,7 @@ from pyg_metric_attn.geometry.perturbations import (
     JITTER,
     MAX_STRETCH,
     PERTURBATION_VERSIONS,
+    decimate,
     distinct_copy_seeds,
 )
 from pyg_metric_attn.transforms import MeshPreprocessing
@@ -112,6 +113,16 @@ def test_jitter_moves_vertices_by_its_rms_length():
         for seed in range(8)])
     rms = np.sqrt(np.square(moves).sum(axis=1).mean())
     assert abs(rms / (JITTER * diagonal) - 1) < 0.05, rms / (JITTER * diagonal)
+
+
+def test_decimate_keeps_a_share_in_0_to_1():
+    pos, face, _ = labelled_capsule()
+    new_pos, new_face = decimate(pos, face, 1.0)  # everything kept
+    assert new_face.shape == face.shape and new_pos.shape == pos.shape
+    for kept in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"'kept' must be in \\(0, 1\\], "
+                                             f"got {kept}"):
+            decimate(pos, face, kept)
 
 
 def test_subdivided_faces_stem_from_the_face_they_split():
