@@ -405,6 +405,26 @@ def test_needs_exact_decides_per_softmax():
     assert needs_exact(q, q, 'dot', 1.0).tolist() == [False, False]
 
 
+def test_needs_exact_flags_only_estimates_over_the_tolerance():
+    """An estimate exactly at the tolerance is accepted (the exact path is
+    for those that exceed it), one a hair above is not; with no keys (a
+    softmax over nothing, ``[B, H, 0, D]``) nothing is flagged, one flag
+    per batch element and head. The estimate here is float32's ``u =
+    2^-24`` times the unit norms over ``t``, exact in float64."""
+    point = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    at_tolerance = 2.0 ** -24 / LOGIT_ROUNDING_TOLERANCE
+    assert float(rounding_error(point, point, 'dot', at_tolerance)) \
+        == LOGIT_ROUNDING_TOLERANCE
+    assert not needs_exact(point, point, 'dot', at_tolerance)
+    assert needs_exact(point, point, 'dot', at_tolerance * (1 - 1e-9))
+    query, no_keys = torch.ones(2, 3, 1, 4), torch.ones(2, 3, 0, 4)
+    flags = needs_exact(query, no_keys, 'metric', 1.0)
+    assert flags.shape == (2, 3) and not flags.any()
+    torch.testing.assert_close(  # |q| = 2, no key: u sqrt(4) 2^2
+        rounding_error(query, no_keys, 'metric', 1.0, per_slice=True),
+        torch.full((2, 3), 2.0 ** -24 * 2 * 4, dtype=torch.float64))
+
+
 def test_slice_time_scale_shapes():
     scalar = slice_time_scale(2.0, torch.device('cpu'))
     assert scalar.dtype == torch.float64 and scalar.shape == () and scalar == 2
@@ -453,6 +473,23 @@ def test_centred_bfloat16_centre_is_near_the_mean_and_shifts_exactly():
     ulp = 2.0 ** math.floor(math.log2(float(key.float().abs().max()))) * 2.0 ** -7
     mean = key.float().mean(1, keepdim=True)
     assert float((centre.float() - mean).abs().max()) <= ulp / 2
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_centred_16_bit_centre_is_rounded_per_softmax(dtype):
+    """Each softmax's centre is its own keys' mean to within the unit in
+    the last place of its own largest coordinate, not of the whole
+    tensor's: a head of keys near the origin beside one far from it keeps a
+    fine centre. Against the float64 mean of the 16-bit keys."""
+    generator = torch.Generator().manual_seed(2)
+    offset = torch.tensor([[100.0, 0.3], [0.3, 100.0]]).view(2, 2, 1, 1)
+    key = (torch.randn(2, 2, 16, 4, generator=generator) * 0.1 + offset).to(dtype)
+    query, _ = centred(key[:, :, :1].clone(), key)
+    centre = (key[:, :, :1] - query).double()
+    largest = key.double().abs().amax((-2, -1), keepdim=True)
+    ulp = torch.exp2(largest.log2().floor()) * torch.finfo(dtype).eps
+    error = (centre - key.double().mean(-2, keepdim=True)).abs()
+    assert bool((error <= ulp).all()), (error / ulp).amax((-2, -1))
 
 
 def test_check_precision_names_the_policies():

@@ -240,6 +240,11 @@ def test_vertex_to_face_averaging_gives_each_face_its_vertex_mean():
     # A vertex's column holds 1/3 per face around it.
     np.testing.assert_allclose(np.asarray(averaging.sum(0)).ravel(),
                                np.bincount(face.ravel(), minlength=len(pos)) / 3)
+    # A vertex on no face (here the last) keeps its empty column.
+    extra = vertex_to_face_averaging(face, len(pos) + 1)
+    assert extra.shape == (len(face), len(pos) + 1)
+    np.testing.assert_allclose(extra @ np.vstack([values, np.ones((1, 4))]),
+                               values[face].mean(1), rtol=1e-12, atol=1e-12)
 
 
 def test_random_rotation_transform_rotates_the_positions_uniformly():
@@ -282,6 +287,12 @@ def test_operator_cache_key_hashes_values_shapes_and_settings():
     assert operator_cache_key(pos.astype(np.float32), face.astype(np.int32),
                               {'smoothing': 1, 'k': 8}) == key
     assert operator_cache_key(pos, face, {'k': 9, 'smoothing': 1}) != key
+    moved_vertex = pos.copy()
+    moved_vertex[3, 0] += 1 / 8
+    assert operator_cache_key(moved_vertex, face, {'k': 8, 'smoothing': 1}) != key
+    flipped = face.copy()
+    flipped[0] = flipped[0, ::-1]  # the same vertices, the other orientation
+    assert operator_cache_key(pos, flipped, {'k': 8, 'smoothing': 1}) != key
     head, tail = pos[:2], face[:1]
     moved = np.concatenate([head, tail.view(np.float64)])  # the same bytes
     assert operator_cache_key(head, tail, {}) != operator_cache_key(
@@ -434,6 +445,23 @@ def test_hks_times_bounds_and_default_count():
     np.testing.assert_array_equal(heat_kernel_signature(evals, evecs),
                                   heat_kernel_signature(evals, evecs, hks_times()))
     assert heat_kernel_signature(evals, evecs).shape == (3, 16)
+
+
+def test_face_normals_of_small_tilted_faces_match_float64_cross_products():
+    """Faces of area far below 1 (|cross| < 1) are normalised too, each by
+    its own norm: against the normalised cross product written out per
+    component."""
+    rng = np.random.default_rng(3)
+    pos = rng.normal(size=(6, 3)) * np.array([[1e-3], [0.2], [0.5]]).repeat(2, 0)
+    face = np.array([[0, 1, 2], [3, 4, 5], [0, 2, 4], [1, 3, 5]])
+    a, b = pos[face[:, 1]] - pos[face[:, 0]], pos[face[:, 2]] - pos[face[:, 0]]
+    cross = np.stack([a[:, 1] * b[:, 2] - a[:, 2] * b[:, 1],
+                      a[:, 2] * b[:, 0] - a[:, 0] * b[:, 2],
+                      a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]], axis=1)
+    length = np.sqrt((cross ** 2).sum(1, keepdims=True))
+    assert (length < 1).all()
+    np.testing.assert_allclose(face_normals(pos, face), cross / length,
+                               rtol=1e-12, atol=0)
 
 
 def test_face_normals_are_unit_and_zero_for_a_collapsed_face():
