@@ -97,11 +97,12 @@ def checked_augmentation(query: Tensor, key: Tensor, attended: Tensor | None,
     points). The flagged softmaxes' :math:`q'` and :math:`k'` are zeroed:
     their fused attention is to be replaced, and stays finite.
 
+    The arguments are those of :func:`augmented_queries_and_keys` and:
+
     Args:
         time_scale (torch.Tensor): The time scale of every softmax
             (:func:`~pyg_metric_attn.nn.logits.slice_time_scale`; not
             differentiated).
-        (the others as :func:`augmented_queries_and_keys`)
 
     Returns:
         ``(q', k', needs_exact)``, the flags boolean of the leading
