@@ -44,12 +44,10 @@ DATA = {
 def training_record(run: Path, commit: str) -> dict[str, Any]:
     """How the run was trained: its command, commit, seed, epochs, wall time
     and device, from its config.json and metrics.json, and the epoch of the
-    checkpoint shipped (:func:`~pyg_metric_attn.training.best_checkpoint`:
+    checkpoint shipped (:func:`~pyg_metric_attn.training.load_checkpoint`:
     the last epoch's where no metric chose one, as in human_seg)."""
-    from pyg_metric_attn.training import best_checkpoint
-    from pyg_metric_attn.utils.io import load_verified
+    from pyg_metric_attn.training import load_checkpoint
 
-    checkpoint = load_verified(best_checkpoint(run))
     config = json.loads((run / 'config.json').read_text())
     history = json.loads((run / 'metrics.json').read_text())
     # Where the data lay on the training machine is no option of the recipe.
@@ -68,7 +66,7 @@ def training_record(run: Path, commit: str) -> dict[str, Any]:
             'device': config['device'],
             'wall_time_hours': round(sum(row['epoch_seconds']
                                          for row in history) / 3600, 2),
-            'checkpoint_epoch': checkpoint.get('epoch', len(checkpoint['history']))}
+            'checkpoint_epoch': load_checkpoint(run)['epoch']}
 
 
 def perturbed_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,12 +20,14 @@ from pyg_metric_attn.training.trainer import (
     Trainer,
     best_checkpoint,
     load_best_model,
+    load_checkpoint,
     seed_everything,
 )
 
 __all__ = ['PRECISIONS', 'CollectiveError', 'DeviceUnavailableError',
            'DistributedContext', 'Placement', 'Trainer', 'WarmupCosine',
            'best_checkpoint', 'epoch_generator', 'eval_mode', 'load_best_model',
+           'load_checkpoint',
            'process_group',
            'resolve_device', 'seed_everything', 'shard_indices',
            'strided_share', 'unwrap', 'warmup_cosine']

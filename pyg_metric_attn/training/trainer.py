@@ -389,12 +389,19 @@ def best_checkpoint(out_dir: str | Path) -> Path:
     raise FileNotFoundError(f"No checkpoint (best.pt or last.pt) in '{out_dir}'")
 
 
-def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
-    """Load :func:`best_checkpoint` of ``out_dir`` into ``model``; returns
-    the checkpoint, its ``'epoch'`` the epoch the model is of."""
+def load_checkpoint(out_dir: str | Path) -> dict[str, Any]:
+    """The checkpoint of ``out_dir`` that holds its model, read and verified
+    (:func:`best_checkpoint`); its ``'epoch'`` is the epoch of that model."""
     state = load_verified(best_checkpoint(out_dir))
-    model.load_state_dict(state['model'])
     state.setdefault('epoch', len(state.get('history', [])))
+    return state
+
+
+def load_best_model(model: torch.nn.Module, out_dir: str | Path) -> dict[str, Any]:
+    """Load :func:`load_checkpoint` of ``out_dir`` into ``model``; returns
+    the checkpoint."""
+    state = load_checkpoint(out_dir)
+    model.load_state_dict(state['model'])
     return state
 
 
